@@ -1,0 +1,7 @@
+"""``python -m dlserve``."""
+
+import sys
+
+from dlserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,55 @@
+"""Command line: ``dlserve serve --model-repository DIR ...``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from dlserve import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dlserve {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a Triton model repository")
+    serve.add_argument("--model-repository", required=True, type=Path)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                       help="explicit mode: load this model at startup ('*' for all)")
+    serve.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
+                       help="largest HTTP request body accepted, in bytes (Triton's default)")
+    serve.add_argument("--debug", action="store_true",
+                       help="run model instances as threads of the server (for debugging)")
+    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--ready-fd", type=int, default=None,
+                       help="write the bound ports as a JSON line to this fd once ready")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = logging.DEBUG if args.log_verbose else logging.INFO
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
+    from dlserve.server import ServerOptions, run
+
+    options = ServerOptions(
+        model_repository=args.model_repository.resolve(),
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
+        http_max_input_size=args.http_max_input_size,
+        in_process_workers=args.debug,
+        ready_fd=args.ready_fd,
+    )
+    return run(options)

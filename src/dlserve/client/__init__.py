@@ -1,0 +1,1 @@
+"""dlserve internals."""

@@ -1,0 +1,232 @@
+"""The one entry point of the frontends: everything the protocols can ask for."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlserve import __version__, errors
+from dlserve.core.config import config_to_dict
+from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
+from dlserve.core.metrics import Metrics
+from dlserve.core.repository import Repository
+from dlserve.types import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelState,
+    ModelStatistics,
+    OutputTensor,
+    RepositoryEntry,
+    ServerMetadata,
+    TensorMetadata,
+)
+
+log = logging.getLogger("dlserve")
+
+EXTENSIONS = (
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+    "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+    "binary_tensor_data", "parameters", "statistics", "logging",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class ServiceOptions:
+    model_control_mode: str = "none"  # "none" | "explicit"
+    startup_models: list[str] = field(default_factory=list)  # explicit mode: --load-model
+    manager: ManagerOptions = field(default_factory=ManagerOptions)
+
+
+class InferenceService:
+    def __init__(self, repository: Repository, options: ServiceOptions) -> None:
+        self.repository = repository
+        self.options = options
+        self.metrics = Metrics(lambda: self.manager.all_stats())
+        self.manager = ModelManager(repository, options.manager, self.metrics.custom)
+        self.log_settings: dict[str, Any] = {
+            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_verbose_level": 0, "log_format": "default",
+        }  # fmt: skip
+        self._started = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def startup(self) -> None:
+        """Load the models the control mode asks for; failures leave models UNAVAILABLE."""
+        if self.options.model_control_mode == "explicit":
+            names = self.options.startup_models
+            if "*" in names:
+                names = self.repository.model_names()
+        else:
+            names = self.repository.model_names()
+        for name in names:
+            try:
+                await self.manager.load(name)
+            except errors.DlserveError:
+                pass  # the entry carries the reason
+        self._started = True
+
+    async def shutdown(self) -> None:
+        self._started = False
+        await self.manager.unload_all()
+
+    # -- health and metadata ------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self._started:
+            return False
+        return all(e.state != ModelState.READY or all(v.ready for v in e.versions.values())
+                   for e in self.manager.models.values())
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("dlserve", __version__, EXTENSIONS)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self.version(name, version).ready
+        except errors.DlserveError:
+            return False
+
+    def version(self, name: str, version: str = "") -> ModelVersion:
+        """The version a request addresses; raises Triton's not-found errors."""
+        entry = self.manager.entry(name)
+        if entry is None or not entry.versions:
+            raise self._unknown(name, version, entry)
+        if not version or version == "-1":
+            found = entry.latest_ready()
+            if found is None:
+                raise errors.UnavailableError(
+                    f"Request for unknown model: '{name}' has no available versions"
+                )
+            return found
+        try:
+            return entry.versions[int(version)]
+        except (ValueError, KeyError):
+            raise errors.NotFoundError(
+                f"Request for unknown model: '{name}' version {version} is not found"
+            ) from None
+
+    @staticmethod
+    def _unknown(name: str, version: str, entry: ModelEntry | None) -> errors.DlserveError:
+        if entry is not None and entry.state == ModelState.UNAVAILABLE:
+            return errors.UnavailableError(
+                f"Request for unknown model: '{name}' has no available versions"
+            )
+        if version:
+            return errors.NotFoundError(
+                f"Request for unknown model: '{name}' version {version} is not found"
+            )
+        return errors.NotFoundError(f"Request for unknown model: '{name}' is not found")
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        loaded = self.version(name, version)
+        entry = self.manager.models[name]
+        config = loaded.config
+        batch = (-1,) if config.max_batch_size > 0 else ()
+        inputs = tuple(TensorMetadata(s.name, s.dtype.wire, batch + s.dims)
+                       for s in loaded.validator.inputs.values())
+        outputs = tuple(TensorMetadata(s.name, s.dtype.wire, batch + s.dims)
+                        for s in loaded.validator.outputs.values())
+        versions = tuple(str(v) for v in sorted(entry.versions))
+        return ModelMetadata(name, versions, config.backend or config.platform, inputs, outputs)
+
+    def model_config(self, name: str, version: str = "") -> Any:
+        """The model's ModelConfig message, as normalized and auto-completed."""
+        return self.version(name, version).config
+
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_to_dict(self.model_config(name, version))
+
+    # -- inference ----------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResponse:
+        received = time.monotonic_ns()
+        loaded = self.version(request.model_name, request.model_version)
+        try:
+            inputs, batch = loaded.validator.check(request)
+            worker = loaded.pool.pick()
+            reply = await worker.infer(
+                request.id, inputs, [o.name for o in request.outputs], request.parameters
+            )
+        except errors.DlserveError as exc:
+            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
+            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            raise
+        outputs = [
+            OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
+            for o in reply.outputs
+        ]
+        now = time.monotonic_ns()
+        t = reply.timings
+        if t is not None:
+            loaded.stats.record_success(
+                batch if loaded.config.max_batch_size > 0 else 1, now - received,
+                t.input_start - received, t.infer_start - t.input_start,
+                t.infer_end - t.infer_start, now - t.infer_end,
+            )
+        return InferResponse(request.model_name, str(loaded.version), request.id, outputs,
+                             dict(reply.parameters))
+
+    # -- statistics and repository ------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        if name:
+            if not version:
+                entry = self.manager.entry(name)
+                if entry is None or not entry.versions:
+                    raise self._unknown(name, version, entry)
+                return [v.stats.snapshot() for v in entry.versions.values()]
+            return [self.version(name, version).stats.snapshot()]
+        return [s.snapshot() for s in self.manager.all_stats()]
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        result: list[RepositoryEntry] = []
+        for name in sorted(set(self.repository.model_names()) | set(self.manager.models)):
+            entry = self.manager.entry(name)
+            if entry is None:
+                if not ready_only:
+                    result.append(RepositoryEntry(name, "", None, ""))
+                continue
+            result.extend(self._index_rows(entry, ready_only))
+        return result
+
+    @staticmethod
+    def _index_rows(entry: ModelEntry, ready_only: bool) -> list[RepositoryEntry]:
+        if entry.versions:
+            return [RepositoryEntry(entry.name, str(v), entry.state if mv.ready else
+                                    ModelState.UNAVAILABLE, entry.reason)
+                    for v, mv in sorted(entry.versions.items())
+                    if not ready_only or (mv.ready and entry.state == ModelState.READY)]
+        if ready_only:
+            return []
+        return [RepositoryEntry(entry.name, "", entry.state, entry.reason)]
+
+    def _check_explicit(self) -> None:
+        if self.options.model_control_mode != "explicit":
+            raise errors.UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load_model(self, name: str, config_json: str | None = None) -> None:
+        self._check_explicit()
+        await self.manager.load(name, config_json)
+
+    async def unload_model(self, name: str) -> None:
+        self._check_explicit()
+        await self.manager.unload(name)
+
+    def update_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        for key, value in settings.items():
+            if key not in self.log_settings:
+                raise errors.InvalidArgumentError(f"Logging setting '{key}' is unknown")
+            self.log_settings[key] = value
+        self._apply_log_level()
+        return dict(self.log_settings)
+
+    def _apply_log_level(self) -> None:
+        level = logging.INFO if self.log_settings["log_info"] else logging.WARNING
+        if not self.log_settings["log_warning"]:
+            level = logging.ERROR
+        if self.log_settings["log_verbose_level"]:
+            level = logging.DEBUG
+        logging.getLogger("dlserve").setLevel(level)

@@ -1,0 +1,95 @@
+"""Per model-version statistics, counted as Triton counts them.
+
+Counting is plain integer arithmetic on the request path; the Prometheus
+endpoint and the statistics extension both read these counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from dlserve.types import BatchStats, DurationStat, InferenceStats, ModelStatistics
+
+
+@dataclass(slots=True)
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += max(ns, 0)
+
+    def frozen(self) -> DurationStat:
+        return DurationStat(self.count, self.ns)
+
+
+@dataclass(slots=True)
+class _Batch:
+    compute_input: _Duration = field(default_factory=_Duration)
+    compute_infer: _Duration = field(default_factory=_Duration)
+    compute_output: _Duration = field(default_factory=_Duration)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """Counters for one version of one model."""
+
+    name: str
+    version: str
+    success: _Duration = field(default_factory=_Duration)
+    fail: _Duration = field(default_factory=_Duration)
+    queue: _Duration = field(default_factory=_Duration)
+    compute_input: _Duration = field(default_factory=_Duration)
+    compute_infer: _Duration = field(default_factory=_Duration)
+    compute_output: _Duration = field(default_factory=_Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+    batches: dict[int, _Batch] = field(default_factory=dict)
+
+    def record_success(
+        self, batch_size: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+        self.inference_count += batch_size
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        batch = self.batches.get(batch_size)
+        if batch is None:
+            batch = self.batches[batch_size] = _Batch()
+        batch.compute_input.add(input_ns)
+        batch.compute_infer.add(infer_ns)
+        batch.compute_output.add(output_ns)
+
+    def record_failure(self, total_ns: int, reason: str) -> None:
+        """reason: Triton's failure label (REJECTED, CANCELED, BACKEND, OTHER)."""
+        self.fail.add(total_ns)
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def snapshot(self) -> ModelStatistics:
+        inference = InferenceStats(
+            success=self.success.frozen(),
+            fail=self.fail.frozen(),
+            queue=self.queue.frozen(),
+            compute_input=self.compute_input.frozen(),
+            compute_infer=self.compute_infer.frozen(),
+            compute_output=self.compute_output.frozen(),
+        )
+        batches = tuple(
+            BatchStats(size, b.compute_input.frozen(), b.compute_infer.frozen(),
+                       b.compute_output.frozen())
+            for size, b in sorted(self.batches.items())
+        )
+        return ModelStatistics(
+            self.name, self.version, self.last_inference_ms, self.inference_count,
+            self.execution_count, inference, batches,
+        )

@@ -1,0 +1,182 @@
+"""Checks a request against its model's config before it is sent to an instance.
+
+Messages follow Triton's so that clients matching on them keep working.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from dlserve.errors import InvalidArgumentError
+from dlserve.tensors import dtypes
+from dlserve.types import InferRequest, InputTensor
+
+_LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: dtypes.DType
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool
+
+
+def _spec(entry: Any) -> TensorSpec:
+    dtype = dtypes.from_config(mc.DataType.Name(entry.data_type))
+    assert dtype is not None  # checked when the config was normalized
+    reshape = tuple(entry.reshape.shape) if entry.HasField("reshape") else None
+    optional = bool(getattr(entry, "optional", False))
+    return TensorSpec(entry.name, dtype, tuple(entry.dims), reshape, optional)
+
+
+def _matches(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(dims) == len(shape) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def count_bytes_elements(data: memoryview) -> int:
+    """Elements in a BYTES tensor's wire form; raises ValueError when it is malformed."""
+    view = data.cast("B") if data.format != "B" else data
+    count = offset = 0
+    end = view.nbytes
+    while offset < end:
+        if offset + 4 > end:
+            raise ValueError("incomplete element length")
+        (length,) = _LEN.unpack_from(view, offset)
+        offset += 4 + length
+        if offset > end:
+            raise ValueError("element runs past the end of the data")
+        count += 1
+    return count
+
+
+class RequestValidator:
+    def __init__(self, config: Any) -> None:
+        self.model = config.name
+        self.max_batch_size = int(config.max_batch_size)
+        self.inputs = {e.name: _spec(e) for e in config.input}
+        self.outputs = {e.name: _spec(e) for e in config.output}
+        self.required = [n for n, s in self.inputs.items() if not s.optional]
+
+    def check(self, request: InferRequest) -> tuple[list[InputTensor], int]:
+        """The inputs as the model should see them (reshaped), and the batch size."""
+        prefix = f"[request id: {request.id or '<id_unknown>'}] "
+        batch = 0
+        checked: list[InputTensor] = []
+        for tensor in request.inputs:
+            spec = self.inputs.get(tensor.name)
+            if spec is None:
+                raise InvalidArgumentError(
+                    f"{prefix}unexpected inference input '{tensor.name}' for model '{self.model}'"
+                )
+            tensor_batch = self._check_one(prefix, spec, tensor)
+            if batch and tensor_batch != batch:
+                raise InvalidArgumentError(
+                    f"{prefix}inputs of model '{self.model}' must have the same batch size"
+                )
+            batch = tensor_batch
+            checked.append(self._reshaped(spec, tensor))
+        self._check_missing(prefix, request)
+        self._check_outputs(prefix, request)
+        return checked, batch or 1
+
+    def _check_one(self, prefix: str, spec: TensorSpec, tensor: InputTensor) -> int:
+        if tensor.datatype != spec.dtype.wire:
+            raise InvalidArgumentError(
+                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
+                f"model '{self.model}' expects '{spec.dtype.wire}'"
+            )
+        shape = tensor.shape
+        batch = 0
+        dims = shape
+        if self.max_batch_size > 0:
+            if not shape or shape[0] < 1 or shape[0] > self.max_batch_size:
+                got = shape[0] if shape else "none"
+                raise InvalidArgumentError(
+                    f"{prefix}inference request batch-size must be <= {self.max_batch_size} for "
+                    f"'{self.model}' (input '{tensor.name}' has batch size {got})"
+                )
+            batch, dims = shape[0], shape[1:]
+        if any(d < 0 for d in shape) or not _matches(spec.dims, dims):
+            expected = ((-1,) if self.max_batch_size > 0 else ()) + spec.dims
+            raise InvalidArgumentError(
+                f"{prefix}unexpected shape for input '{tensor.name}' for model '{self.model}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(shape)}"
+            )
+        self._check_size(prefix, spec, tensor)
+        return batch
+
+    def _check_size(self, prefix: str, spec: TensorSpec, tensor: InputTensor) -> None:
+        data = tensor.data
+        if data is None:
+            return
+        elements = 1
+        for d in tensor.shape:
+            elements *= d
+        if spec.dtype.is_bytes:
+            try:
+                got = count_bytes_elements(data)
+            except ValueError as exc:
+                raise InvalidArgumentError(
+                    f"{prefix}input '{tensor.name}' for model '{self.model}' is not valid BYTES "
+                    f"data: {exc}"
+                ) from None
+            if got != elements:
+                raise InvalidArgumentError(
+                    f"{prefix}unexpected number of string elements {got} for inference input "
+                    f"'{tensor.name}' for model '{self.model}', expecting {elements}"
+                )
+            return
+        expected = elements * spec.dtype.itemsize
+        if data.nbytes != expected:
+            raise InvalidArgumentError(
+                f"{prefix}input byte size mismatch for input '{tensor.name}' for model "
+                f"'{self.model}'. Expected {expected}, got {data.nbytes}"
+            )
+
+    @staticmethod
+    def _reshaped(spec: TensorSpec, tensor: InputTensor) -> InputTensor:
+        if spec.reshape is None:
+            return tensor
+        batch = tensor.shape[: len(tensor.shape) - len(spec.dims)]
+        return InputTensor(tensor.name, tensor.datatype, batch + spec.reshape, tensor.data,
+                           tensor.parameters)
+
+    def _check_missing(self, prefix: str, request: InferRequest) -> None:
+        given = {t.name for t in request.inputs}
+        if len(given) != len(request.inputs):
+            raise InvalidArgumentError(f"{prefix}an input is given more than once")
+        missing = [n for n in self.required if n not in given]
+        if missing:
+            raise InvalidArgumentError(
+                f"{prefix}expected {len(self.required)} inputs but got {len(given)} inputs for "
+                f"model '{self.model}'. Got input(s) {sorted(given)}, but missing required "
+                f"input(s) {missing}. Please provide all required input(s)."
+            )
+
+    def _check_outputs(self, prefix: str, request: InferRequest) -> None:
+        if not self.outputs:
+            return
+        for output in request.outputs:
+            if output.name not in self.outputs:
+                raise InvalidArgumentError(
+                    f"{prefix}unexpected inference output '{output.name}' for model "
+                    f"'{self.model}'"
+                )
+
+    def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """An output's shape as the client sees it (the config's dims where it reshapes)."""
+        spec = self.outputs.get(name)
+        if spec is None or spec.reshape is None:
+            return shape
+        batch = shape[: len(shape) - len(spec.reshape)]
+        return batch + spec.dims

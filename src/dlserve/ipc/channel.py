@@ -1,0 +1,137 @@
+"""Frame transport over a connected Unix stream socket.
+
+:class:`BlockingChannel` is the worker's side (one thread, blocking calls);
+:class:`AsyncChannel` is the server's side (an asyncio Protocol on the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from dlserve.ipc import codec, messages
+
+T = TypeVar("T")
+Frame = tuple[T, memoryview]
+
+
+class ChannelClosed(Exception):
+    """The other side closed the connection."""
+
+
+class BlockingChannel(Generic[T]):
+    """Blocking send/receive of frames; payloads land in fresh writable buffers."""
+
+    def __init__(self, sock: socket.socket, decoder: codec.Decoder[T]) -> None:
+        self._sock = sock
+        self._decoder = decoder
+        self._prefix = bytearray(codec.PREFIX_SIZE)
+
+    def send(self, message: messages._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
+        buffers = codec.encode(message, payload)
+        total = sum(memoryview(b).nbytes for b in buffers)
+        sent = self._sock.sendmsg(buffers)
+        if sent < total:
+            self._send_rest(buffers, sent)
+
+    def _send_rest(self, buffers: list[bytes | memoryview], sent: int) -> None:
+        for buf in buffers:
+            view = memoryview(buf).cast("B")
+            if sent >= view.nbytes:
+                sent -= view.nbytes
+                continue
+            self._sock.sendall(view[sent:])
+            sent = 0
+
+    def recv(self) -> Frame[T]:
+        self._recv_into(memoryview(self._prefix))
+        header_len, payload_len = codec.PREFIX.unpack(self._prefix)
+        body = bytearray(header_len + payload_len)
+        view = memoryview(body)
+        self._recv_into(view)
+        return self._decoder.decode(view[:header_len]), view[header_len:]
+
+    def _recv_into(self, view: memoryview) -> None:
+        got = 0
+        while got < view.nbytes:
+            n = self._sock.recv_into(view[got:])
+            if n == 0:
+                raise ChannelClosed("connection closed")
+            got += n
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
+    """Server-side protocol: parses frames and hands each to ``on_frame``."""
+
+    def __init__(
+        self,
+        decoder: codec.Decoder[T],
+        on_frame: Callable[[T, memoryview], None],
+        on_closed: Callable[[Exception | None], None],
+    ) -> None:
+        self._decoder = decoder
+        self._on_frame = on_frame
+        self._on_closed = on_closed
+        self._transport: asyncio.WriteTransport | None = None
+        self._buf = bytearray(256 * 1024)
+        self._start = 0  # first unparsed byte
+        self._end = 0  # end of received data
+
+    # -- asyncio.BufferedProtocol -------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self._transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._end == len(self._buf):
+            self._make_room(max(sizehint, 65536))
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        self._parse()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._on_closed(exc)
+
+    # -- frames ------------------------------------------------------------------------
+    def _parse(self) -> None:
+        buf = self._buf
+        while self._end - self._start >= codec.PREFIX_SIZE:
+            header_len, payload_len = codec.PREFIX.unpack_from(buf, self._start)
+            frame_end = self._start + codec.PREFIX_SIZE + header_len + payload_len
+            if frame_end > self._end:
+                if frame_end - self._start > len(buf):
+                    self._make_room(frame_end - self._start)
+                return
+            head = self._start + codec.PREFIX_SIZE
+            message = self._decoder.decode(memoryview(buf)[head : head + header_len])
+            # the payload is copied out so the receive buffer can be reused at once
+            payload = memoryview(bytes(memoryview(buf)[head + header_len : frame_end]))
+            self._start = frame_end
+            self._on_frame(message, payload)
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _make_room(self, needed: int) -> None:
+        pending = self._buf[self._start : self._end]
+        size = max(len(self._buf), needed + len(pending))
+        if size > len(self._buf):
+            self._buf = bytearray(size)
+        self._buf[: len(pending)] = pending
+        self._start, self._end = 0, len(pending)
+
+    def send(self, message: messages._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
+        if self._transport is None:
+            raise ChannelClosed("worker connection is closed")
+        self._transport.writelines(codec.encode(message, payload))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()

@@ -1,0 +1,165 @@
+"""Wires the service, the frontends and the workers together; startup and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from dlserve.core.manager import ManagerOptions
+from dlserve.core.repository import Repository
+from dlserve.core.service import InferenceService, ServiceOptions
+from dlserve.errors import FatalError
+from dlserve.frontends.grpc.servicer import create_grpc_server
+from dlserve.frontends.http.app import create_http_app
+from dlserve.frontends.http.metrics import create_metrics_app
+
+log = logging.getLogger("dlserve")
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    model_repository: Path
+    host: str = "127.0.0.1"
+    grpc_port: int = 8001
+    http_port: int = 8000
+    metrics_port: int = 8002
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    http_max_input_size: int = 64 * 1024 * 1024
+    in_process_workers: bool = False
+    ready_fd: int | None = None
+    shutdown_timeout: float = 30.0
+
+
+class _Uvicorn:
+    """A uvicorn server run inside our loop, without its signal handling."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        config = uvicorn.Config(
+            app, host=host, port=port, loop="none", lifespan="off", http="httptools",
+            log_level="warning", access_log=False, ws="none",
+        )
+        self.server = uvicorn.Server(config)
+        self._main: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        try:
+            await self.server.startup()
+        except SystemExit:  # uvicorn exits when it cannot bind
+            raise FatalError(f"cannot listen on {self.server.config.host}:{self.server.config.port}") from None
+        if not self.server.started:
+            raise FatalError(f"cannot listen on {self.server.config.host}:{self.server.config.port}")
+        self._main = asyncio.create_task(self.server.main_loop())
+        return int(self.server.servers[0].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._main is not None:
+            await self._main
+        await self.server.shutdown()
+
+
+class Server:
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        service_options = ServiceOptions(
+            model_control_mode=options.model_control_mode,
+            startup_models=list(options.load_models),
+            manager=ManagerOptions(in_process=options.in_process_workers),
+        )
+        self.service = InferenceService(Repository(options.model_repository), service_options)
+        self._http = _Uvicorn(create_http_app(self.service, options.http_max_input_size),
+                              options.host, options.http_port)
+        self._metrics = _Uvicorn(create_metrics_app(self.service), options.host, options.metrics_port)
+        self._grpc: Any = None
+        self.ports: dict[str, int] = {}
+
+    async def start(self) -> None:
+        """1. load models  2. open gRPC, HTTP, metrics  3. report."""
+        if not self.options.model_repository.is_dir():
+            raise FatalError(f"model repository {self.options.model_repository} is not a directory")
+        await self.service.startup()
+        self._grpc, grpc_port = create_grpc_server(
+            self.service, f"{self.options.host}:{self.options.grpc_port}"
+        )
+        await self._grpc.start()
+        self.ports = {
+            "grpc_port": grpc_port,
+            "http_port": await self._http.start(),
+            "metrics_port": await self._metrics.start(),
+        }
+        self._report()
+
+    def _report(self) -> None:
+        rows = [(e.name, e.version or "-", e.state.value if e.state else "UNLOADED", e.reason)
+                for e in self.service.repository_index()]
+        print(_table(("Model", "Version", "Status"), rows), flush=True)
+        host = self.options.host
+        print(f"Started GRPCInferenceService at {host}:{self.ports['grpc_port']}", flush=True)
+        print(f"Started HTTPService at {host}:{self.ports['http_port']}", flush=True)
+        print(f"Started Metrics Service at {host}:{self.ports['metrics_port']}", flush=True)
+        if self.options.ready_fd is not None:
+            os.write(self.options.ready_fd, json.dumps(self.ports).encode() + b"\n")
+            os.close(self.options.ready_fd)
+
+    async def shutdown(self) -> None:
+        """1. stop accepting; let in-flight requests finish  2. finalize and stop workers."""
+        timeout = self.options.shutdown_timeout
+        log.info("shutting down: waiting up to %g s for in-flight requests", timeout)
+        if self._grpc is not None:
+            await self._grpc.stop(timeout)
+        await self._http.stop()
+        await self._metrics.stop()
+        await self.service.shutdown()
+        log.info("dlserve stopped")
+
+
+def _table(header: tuple[str, str, str], rows: list[tuple[str, str, str, str]]) -> str:
+    cells = [header] + [(n, v, s if not r else f"{s}: {r}") for n, v, s, r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(3)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    out = [line]
+    for index, row in enumerate(cells):
+        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+        if index == 0:
+            out.append(line)
+    out.append(line)
+    return "\n".join(out)
+
+
+async def serve(options: ServerOptions) -> None:
+    """Run until SIGINT or SIGTERM, then shut down gracefully."""
+    server = Server(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+    finally:
+        await server.shutdown()
+
+
+def run(options: ServerOptions) -> int:
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(serve(options))
+    except FatalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,114 @@
+"""POSIX shared memory segments and the arenas carved out of them.
+
+Segments are files in /dev/shm opened with ``os.open`` and mapped with
+``mmap``; unlike ``multiprocessing.shared_memory`` nothing registers them with
+a resource tracker, so the creator alone decides when a name goes away.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+from typing import Final
+
+SHM_DIR: Final = "/dev/shm"
+ALIGN: Final = 64
+
+
+class ShmSegment:
+    """A mapped POSIX shared-memory object."""
+
+    def __init__(self, name: str, size: int, *, create: bool) -> None:
+        self.name = name
+        path = os.path.join(SHM_DIR, name.lstrip("/"))
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+            self.size = size
+            self._mmap = mmap.mmap(fd, size) if size > 0 else None
+        finally:
+            os.close(fd)
+        self._owner = create
+
+    @property
+    def buffer(self) -> memoryview:
+        if self._mmap is None:
+            return memoryview(b"")
+        return memoryview(self._mmap)
+
+    def close(self) -> None:
+        """Unmap; fails with BufferError while views are exported (they stay valid)."""
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                return
+            self._mmap = None
+
+    def unlink(self) -> None:
+        unlink_name(self.name)
+
+
+def unlink_name(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name.lstrip("/")))
+    except FileNotFoundError:
+        pass
+
+
+class Arena:
+    """First-fit allocator over one segment: offsets in, offsets out.
+
+    Not thread-safe; each arena has one allocating side (the server allocates
+    input space, the worker output space) and frees arrive on that side too.
+    """
+
+    def __init__(self, segment: ShmSegment) -> None:
+        self.segment = segment
+        self._free_offsets: list[int] = [0]
+        self._free_sizes: dict[int, int] = {0: segment.size}
+        self._used: dict[int, int] = {}
+
+    def alloc(self, nbytes: int) -> int | None:
+        size = max(ALIGN, (nbytes + ALIGN - 1) & ~(ALIGN - 1))
+        for index, offset in enumerate(self._free_offsets):
+            free = self._free_sizes[offset]
+            if free >= size:
+                del self._free_offsets[index]
+                del self._free_sizes[offset]
+                if free > size:
+                    self._insert_free(offset + size, free - size)
+                self._used[offset] = size
+                return offset
+        return None
+
+    def free(self, offset: int) -> None:
+        size = self._used.pop(offset)
+        index = bisect.bisect_left(self._free_offsets, offset)
+        # merge with the following block
+        if index < len(self._free_offsets) and self._free_offsets[index] == offset + size:
+            following = self._free_offsets.pop(index)
+            size += self._free_sizes.pop(following)
+        # merge with the preceding block
+        if index > 0:
+            before = self._free_offsets[index - 1]
+            if before + self._free_sizes[before] == offset:
+                self._free_sizes[before] += size
+                return
+        self._insert_free(offset, size)
+
+    def _insert_free(self, offset: int, size: int) -> None:
+        bisect.insort(self._free_offsets, offset)
+        self._free_sizes[offset] = size
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._used.values())
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        return self.segment.buffer[offset : offset + nbytes]

@@ -1,0 +1,136 @@
+"""Core request/response types shared by the frontends and the core.
+
+They carry tensor bytes as buffers (``memoryview``), never JSON lists: the HTTP
+frontend converts JSON data into bytes before a request reaches the core.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+ParamValue = bool | int | float | str
+Parameters = dict[str, ParamValue]
+
+
+@dataclass(slots=True)
+class InputTensor:
+    """One request input. ``data`` holds the raw little-endian C-order bytes
+    (BYTES serialized as Triton does), or None when the input names a region."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: memoryview | None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str  # "" means the model's default version policy
+    id: str
+    inputs: list[InputTensor]
+    outputs: list[RequestedOutput]  # empty: every output of the model
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    """One response output; ``data`` is None when it was written into a region."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: bytes | memoryview | None
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[OutputTensor]
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+class ModelState(enum.Enum):
+    """A model version's state, named as Triton's repository index names it."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryEntry:
+    name: str
+    version: str
+    state: ModelState | None  # None: present in the repository, never loaded
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DurationStat:
+    count: int = 0
+    ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceStats:
+    success: DurationStat = DurationStat()
+    fail: DurationStat = DurationStat()
+    queue: DurationStat = DurationStat()
+    compute_input: DurationStat = DurationStat()
+    compute_infer: DurationStat = DurationStat()
+    compute_output: DurationStat = DurationStat()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    batch_size: int
+    compute_input: DurationStat
+    compute_infer: DurationStat
+    compute_output: DurationStat
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    name: str
+    version: str
+    last_inference_ms: int
+    inference_count: int
+    execution_count: int
+    inference_stats: InferenceStats
+    batch_stats: tuple[BatchStats, ...]

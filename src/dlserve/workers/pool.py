@@ -1,0 +1,129 @@
+"""The instances of one model version: start, pick one per request, restart the dead."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import msgspec
+
+from dlserve import errors
+from dlserve.ipc import messages as m
+from dlserve.workers.client import InProcessWorker, MetricSink, SubprocessWorker, WorkerBase
+
+log = logging.getLogger("dlserve.workers")
+
+RESTART_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    name: str
+    kind: str  # "CPU" or "GPU"
+    device_id: int
+
+
+async def spawn_worker(label: str, in_process: bool, on_metric: MetricSink | None) -> WorkerBase:
+    worker: WorkerBase = InProcessWorker(label) if in_process else SubprocessWorker(label)
+    worker.on_metric = on_metric
+    try:
+        await worker.spawn()
+    except BaseException:
+        worker._cleanup_shm()
+        raise
+    return worker
+
+
+def load_message(template: m.Load, spec: InstanceSpec, worker: WorkerBase) -> m.Load:
+    return msgspec.structs.replace(
+        template,
+        instance_name=spec.name,
+        instance_kind=spec.kind,
+        device_id=spec.device_id,
+        input_arena=worker.input_segment.name,
+    )
+
+
+class WorkerPool:
+    """Holds one worker per instance; a dead worker fails its own requests and is replaced."""
+
+    def __init__(
+        self, specs: list[InstanceSpec], template: m.Load, *, in_process: bool,
+        on_metric: MetricSink | None, load_timeout: float,
+    ) -> None:
+        self.specs = specs
+        self.template = template
+        self.in_process = in_process
+        self.on_metric = on_metric
+        self.load_timeout = load_timeout
+        self.workers: list[WorkerBase | None] = [None] * len(specs)
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.restarts = 0
+
+    async def start(self, first: WorkerBase | None = None) -> None:
+        """Start every instance (reusing ``first`` for instance 0); all or nothing."""
+        starts = [self._start_instance(i, first if i == 0 else None) for i in range(len(self.specs))]
+        results = await asyncio.gather(*starts, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.stop(timeout=5.0)
+            raise failures[0]
+        self._watchers = [asyncio.create_task(self._watch(i)) for i in range(len(self.specs))]
+
+    async def _start_instance(self, index: int, worker: WorkerBase | None) -> None:
+        spec = self.specs[index]
+        if worker is None:
+            worker = await spawn_worker(spec.name, self.in_process, self.on_metric)
+        try:
+            await worker.load(load_message(self.template, spec, worker), self.load_timeout)
+        except BaseException:
+            await worker.stop(timeout=5.0)
+            raise
+        self.workers[index] = worker
+
+    async def _watch(self, index: int) -> None:
+        attempt = 0
+        while not self._stopping:
+            worker = self.workers[index]
+            assert worker is not None
+            reason = await worker.closed
+            if self._stopping:
+                return
+            self.workers[index] = None
+            await worker.stop(timeout=1.0)
+            log.error("%s; restarting it", reason)
+            await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
+            try:
+                await self._start_instance(index, None)
+                attempt = 0
+                self.restarts += 1
+                log.info("model instance '%s' restarted", self.specs[index].name)
+            except errors.DlserveError as exc:
+                attempt += 1
+                log.error("restarting model instance '%s' failed: %s", self.specs[index].name, exc)
+
+    @property
+    def ready(self) -> bool:
+        return all(w is not None and w.alive for w in self.workers)
+
+    def pick(self) -> WorkerBase:
+        """The live instance with the fewest requests in flight."""
+        best: WorkerBase | None = None
+        for worker in self.workers:
+            if worker is not None and worker.alive and (best is None or worker.inflight < best.inflight):
+                best = worker
+        if best is None:
+            raise errors.UnavailableError(
+                f"no instance of model '{self.template.model_name}' is available (restarting)"
+            )
+        return best
+
+    async def stop(self, timeout: float) -> None:
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        stops = [w.stop(timeout) for w in self.workers if w is not None]
+        self.workers = [None] * len(self.specs)
+        await asyncio.gather(*stops, return_exceptions=True)

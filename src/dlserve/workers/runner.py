@@ -1,0 +1,236 @@
+"""Runs one model instance inside a worker: load, execute, finalize.
+
+Inputs become numpy views of the bytes the server delivered (the frame's
+payload, or the input arena); outputs go back inline when small, or through
+this worker's output arena.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dlserve import backend as pb_utils
+from dlserve.backend.errors import TritonError
+from dlserve.ipc import messages as m
+from dlserve.tensors import dtypes
+from dlserve.tensors.shm import Arena, ShmSegment
+
+# Outputs up to this size travel in the reply frame; larger ones through the arena.
+INLINE_OUTPUT_LIMIT = 64 * 1024
+OUTPUT_ARENA_SIZE = 256 * 1024 * 1024
+
+
+class LoadError(Exception):
+    """model.py could not be imported, auto-completed or initialized."""
+
+
+def describe_exception(exc: BaseException, model_dir: str) -> str:
+    """The error's message with the file and line in the model's code where it arose."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    location = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith(model_dir):
+            location = f" ({frame.filename}, line {frame.lineno})"
+    return f"{type(exc).__name__}: {exc}{location}"
+
+
+def import_model_file(path: str, module_name: str) -> ModuleType:
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise LoadError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class ModelRunner:
+    """One instance of one model."""
+
+    def __init__(self, load: m.Load) -> None:
+        self.load = load
+        self.config: dict[str, Any] = json.loads(load.config_json)
+        self.model: Any = None
+        self.model_class: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.input_arena = ShmSegment(load.input_arena, 0, create=False)
+        name = f"{load.input_arena.removesuffix('_in')}_out"
+        self.output_segment = ShmSegment(name, OUTPUT_ARENA_SIZE, create=True)
+        self.output_arena = Arena(self.output_segment)
+
+    # -- loading ------------------------------------------------------------------------
+    def update(self, load: m.Load) -> None:
+        """A second Load on the same worker: the final config and this instance's identity."""
+        self.load = load
+        self.config = json.loads(load.config_json)
+
+    def start(self) -> None:
+        """Import, auto-complete and initialize; raises LoadError with the reason."""
+        load = self.load
+        try:
+            if self.model_class is None:
+                module = import_model_file(load.model_file, f"dlserve_model_{os.getpid()}")
+                self.model_class = module.TritonPythonModel
+            if load.autocomplete and hasattr(self.model_class, "auto_complete_config"):
+                self.config = self._auto_complete(self.model_class)
+            if load.initialize:
+                self.model = self.model_class()
+                if hasattr(self.model, "initialize"):
+                    self._call(self.model.initialize, self.initialize_args())
+        except LoadError:
+            raise
+        except BaseException as exc:
+            raise LoadError(describe_exception(exc, load.model_path)) from exc
+
+    def _auto_complete(self, model_class: Any) -> dict[str, Any]:
+        from dlserve.backend.config import ModelConfig
+
+        completed = model_class.auto_complete_config(ModelConfig(self.config))
+        if not isinstance(completed, ModelConfig):
+            raise LoadError("auto_complete_config must return the pb_utils.ModelConfig it was given")
+        return completed.as_dict()
+
+    def initialize_args(self) -> dict[str, str]:
+        load = self.load
+        return {
+            "model_config": json.dumps(self.config),
+            "model_instance_kind": load.instance_kind,
+            "model_instance_name": load.instance_name,
+            "model_instance_device_id": str(load.device_id),
+            "model_repository": load.model_path,
+            "model_version": str(load.model_version),
+            "model_name": load.model_name,
+        }
+
+    def _call(self, function: Any, *args: Any) -> Any:
+        result = function(*args)
+        if inspect.isawaitable(result):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            result = self._loop.run_until_complete(result)
+        return result
+
+    # -- inference ----------------------------------------------------------------------
+    def infer(self, msg: m.Infer, payload: memoryview) -> tuple[m.InferDone, list[memoryview]]:
+        timings_start = time.monotonic_ns()
+        if msg.release:
+            self.release(msg.release)
+        try:
+            request = self._request(msg, payload)
+            infer_start = time.monotonic_ns()
+            responses = self._call(self.model.execute, [request])
+            infer_end = time.monotonic_ns()
+            response = self._single_response(responses)
+            done, buffers = self._reply(msg, response)
+        except BaseException as exc:  # the model's failure is the request's failure
+            return self._error_reply(msg.rid, exc), []
+        done.timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
+        return done, buffers
+
+    def _request(self, msg: m.Infer, payload: memoryview) -> pb_utils.InferenceRequest:
+        inputs = [pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload)) for ref in msg.inputs]
+        request = pb_utils.InferenceRequest(
+            model_name=self.load.model_name,
+            inputs=inputs,
+            requested_output_names=msg.outputs,
+            request_id=msg.request_id,
+            parameters=msg.parameters,
+        )
+        return request
+
+    def _input_array(self, ref: m.TensorRef, payload: memoryview) -> tuple[npt.NDArray[Any], dtypes.DType]:
+        dtype = dtypes.BY_WIRE[ref.datatype]
+        if ref.where == m.Where.PAYLOAD:
+            source = payload
+        else:
+            source = self.input_arena.buffer
+        raw = source[ref.offset : ref.offset + ref.nbytes]
+        if dtype.is_bytes:
+            return dtypes.deserialize_bytes(raw).reshape(ref.shape), dtype
+        return np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape), dtype
+
+    def _single_response(self, responses: Any) -> pb_utils.InferenceResponse:
+        if not isinstance(responses, list | tuple) or len(responses) != 1:
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            raise TritonError(f"execute() must return a list of 1 InferenceResponse, got {got}")
+        response = responses[0]
+        if not isinstance(response, pb_utils.InferenceResponse):
+            raise TritonError(
+                f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
+            )
+        error = response.error()
+        if error is not None:
+            raise error
+        return response
+
+    def _reply(
+        self, msg: m.Infer, response: pb_utils.InferenceResponse
+    ) -> tuple[m.InferDone, list[memoryview]]:
+        wanted = set(msg.outputs)
+        refs: list[m.TensorRef] = []
+        buffers: list[memoryview] = []
+        offset = 0
+        for tensor in response.output_tensors():
+            if wanted and tensor.name() not in wanted:
+                continue
+            ref, buffer = self._output_ref(tensor, offset)
+            refs.append(ref)
+            if buffer is not None:
+                buffers.append(buffer)
+                offset += buffer.nbytes
+        params = json.loads(response.parameters())
+        return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
+
+    def _output_ref(self, tensor: pb_utils.Tensor, offset: int) -> tuple[m.TensorRef, memoryview | None]:
+        array = tensor.storage
+        dtype = tensor.dtype
+        shape = list(array.shape)
+        if dtype.is_bytes:
+            data = memoryview(dtypes.serialize_bytes(array))
+        else:
+            data = memoryview(np.ascontiguousarray(array)).cast("B")
+        if data.nbytes > INLINE_OUTPUT_LIMIT:
+            arena_offset = self.output_arena.alloc(data.nbytes)
+            if arena_offset is not None:
+                self.output_arena.view(arena_offset, data.nbytes)[:] = data
+                ref = m.TensorRef(tensor.name(), dtype.wire, shape, m.Where.OUTPUT_ARENA, arena_offset, data.nbytes)
+                return ref, None
+        return m.TensorRef(tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes), data
+
+    def _error_reply(self, rid: int, exc: BaseException) -> m.InferDone:
+        if isinstance(exc, TritonError):
+            return m.InferDone(rid=rid, error=exc.message(), error_code=exc.error_code().value)
+        message = describe_exception(exc, self.load.model_path)
+        return m.InferDone(rid=rid, error=message, error_code="internal")
+
+    def release(self, offsets: Sequence[int]) -> None:
+        for offset in offsets:
+            self.output_arena.free(offset)
+
+    # -- shutdown -----------------------------------------------------------------------
+    def finalize(self) -> None:
+        if self.model is not None and hasattr(self.model, "finalize"):
+            try:
+                self._call(self.model.finalize)
+            except Exception:
+                traceback.print_exc()
+        self.output_segment.close()
+        self.output_segment.unlink()
+        self.input_arena.close()

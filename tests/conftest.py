@@ -1,0 +1,121 @@
+"""Shared fixtures: real dlserve servers started as subprocesses on free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+TEST_MODELS = ROOT / "tests" / "models"
+STARTUP_DEADLINE_S = 120.0
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    repository: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _read_ready(process: subprocess.Popen[bytes], read_fd: int, deadline: float) -> dict[str, int]:
+    """Block until the server writes its ports on the ready pipe (its startup handshake)."""
+    chunks = b""
+    while not chunks.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        readable, _, _ = select.select([read_fd], [], [], max(remaining, 0))
+        if not readable:
+            raise TimeoutError("dlserve did not start in time")
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            raise RuntimeError(f"dlserve exited during startup (code {process.wait()})")
+        chunks += chunk
+    ports: dict[str, int] = json.loads(chunks)
+    return ports
+
+
+@contextlib.contextmanager
+def run_server(
+    repository: Path, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
+    """Start dlserve on free ports; ready when it says so on the ready pipe."""
+    read_fd, write_fd = os.pipe()
+    command = [
+        sys.executable, "-m", "dlserve", "serve", "--model-repository", str(repository),
+        "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+        "--ready-fd", str(write_fd), *extra,
+    ]
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, pass_fds=(write_fd,))
+    os.close(write_fd)
+    try:
+        ports = _read_ready(process, read_fd, time.monotonic() + STARTUP_DEADLINE_S)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        os.close(read_fd)
+    server = RunningServer(
+        process, ports["http_port"], ports["grpc_port"], ports["metrics_port"], repository
+    )
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+def stop_server(server: RunningServer, timeout: float = 30.0) -> int:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+    return server.process.returncode
+
+
+@pytest.fixture(scope="session")
+def example_server() -> Iterator[RunningServer]:
+    """The bundled example repository, served once for the whole session."""
+    with run_server(EXAMPLES) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """tests/models (models made to fail, raise, and check behaviour), explicit control mode."""
+    repository = tmp_path_factory.mktemp("repo")
+    for model in TEST_MODELS.iterdir():
+        shutil.copytree(model, repository / model.name)
+    with run_server(repository, "--model-control-mode", "explicit", "--load-model", "*") as server:
+        yield server
