@@ -21,23 +21,40 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
-    serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
-                       help="explicit mode: load this model at startup ('*' for all)")
-    serve.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
-                       help="largest HTTP request body accepted, in bytes (Triton's default)")
-    serve.add_argument("--debug", action="store_true",
-                       help="run model instances as threads of the server (for debugging)")
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: load this model at startup ('*' for all)",
+    )
+    serve.add_argument(
+        "--http-max-input-size",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="largest HTTP request body accepted, in bytes (Triton's default)",
+    )
+    serve.add_argument(
+        "--debug",
+        action="store_true",
+        help="run model instances as threads of the server (for debugging)",
+    )
     serve.add_argument("--log-verbose", type=int, default=0)
-    serve.add_argument("--ready-fd", type=int, default=None,
-                       help="write the bound ports as a JSON line to this fd once ready")
+    serve.add_argument(
+        "--ready-fd",
+        type=int,
+        default=None,
+        help="write the bound ports as a JSON line to this fd once ready",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = logging.DEBUG if args.log_verbose else logging.INFO
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname).1s %(name)s: %(message)s"
+    )
     from dlserve.server import ServerOptions, run
 
     options = ServerOptions(

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,26 +46,43 @@ class _Uvicorn:
 
     def __init__(self, app: Any, host: str, port: int) -> None:
         config = uvicorn.Config(
-            app, host=host, port=port, loop="none", lifespan="off", http="httptools",
-            log_level="warning", access_log=False, ws="none",
+            app,
+            host=host,
+            port=port,
+            loop="none",
+            lifespan="off",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            ws="none",
+            timeout_graceful_shutdown=30,
         )
         self.server = uvicorn.Server(config)
         self._main: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
+        config = self.server.config
+        if not config.loaded:
+            config.load()
+        self.server.lifespan = config.lifespan_class(config)
         try:
             await self.server.startup()
         except SystemExit:  # uvicorn exits when it cannot bind
-            raise FatalError(f"cannot listen on {self.server.config.host}:{self.server.config.port}") from None
+            raise FatalError(
+                f"cannot listen on {self.server.config.host}:{self.server.config.port}"
+            ) from None
         if not self.server.started:
-            raise FatalError(f"cannot listen on {self.server.config.host}:{self.server.config.port}")
+            raise FatalError(
+                f"cannot listen on {self.server.config.host}:{self.server.config.port}"
+            )
         self._main = asyncio.create_task(self.server.main_loop())
         return int(self.server.servers[0].sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        if self._main is None:
+            return
         self.server.should_exit = True
-        if self._main is not None:
-            await self._main
+        await self._main
         await self.server.shutdown()
 
 
@@ -77,9 +95,14 @@ class Server:
             manager=ManagerOptions(in_process=options.in_process_workers),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
-        self._http = _Uvicorn(create_http_app(self.service, options.http_max_input_size),
-                              options.host, options.http_port)
-        self._metrics = _Uvicorn(create_metrics_app(self.service), options.host, options.metrics_port)
+        self._http = _Uvicorn(
+            create_http_app(self.service, options.http_max_input_size),
+            options.host,
+            options.http_port,
+        )
+        self._metrics = _Uvicorn(
+            create_metrics_app(self.service), options.host, options.metrics_port
+        )
         self._grpc: Any = None
         self.ports: dict[str, int] = {}
 
@@ -100,8 +123,10 @@ class Server:
         self._report()
 
     def _report(self) -> None:
-        rows = [(e.name, e.version or "-", e.state.value if e.state else "UNLOADED", e.reason)
-                for e in self.service.repository_index()]
+        rows = [
+            (e.name, e.version or "-", e.state.value if e.state else "UNLOADED", e.reason)
+            for e in self.service.repository_index()
+        ]
         print(_table(("Model", "Version", "Status"), rows), flush=True)
         host = self.options.host
         print(f"Started GRPCInferenceService at {host}:{self.ports['grpc_port']}", flush=True)
@@ -152,14 +177,18 @@ async def serve(options: ServerOptions) -> None:
 
 def run(options: ServerOptions) -> int:
     try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
-        runner(serve(options))
+        asyncio_run(serve(options))
     except FatalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def asyncio_run(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)

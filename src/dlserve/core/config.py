@@ -110,7 +110,7 @@ def normalize(config: Any, name: str, gpu_count: int) -> None:
     if config.backend != "python":
         raise ConfigError(
             f"model '{name}' asks for backend '{config.backend}'; dlserve runs Python-backend "
-            "models only (backend: \"python\")"
+            'models only (backend: "python")'
         )
     if config.max_batch_size < 0:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0")
@@ -146,7 +146,9 @@ def _normalize_instance_groups(config: Any, name: str, gpu_count: int) -> None:
         if group.count == 0:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count else mc.ModelInstanceGroup.KIND_CPU
+            group.kind = (
+                mc.ModelInstanceGroup.KIND_GPU if gpu_count else mc.ModelInstanceGroup.KIND_CPU
+            )
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             _check_gpus(group, name, gpu_count)
         if group.count < 1:

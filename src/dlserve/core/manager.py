@@ -88,7 +88,9 @@ def instance_specs(config: Any) -> list[InstanceSpec]:
 
 
 class ModelManager:
-    def __init__(self, repository: Repository, options: ManagerOptions, custom: CustomMetrics) -> None:
+    def __init__(
+        self, repository: Repository, options: ManagerOptions, custom: CustomMetrics
+    ) -> None:
         self.repository = repository
         self.options = options
         self.custom = custom
@@ -114,12 +116,17 @@ class ModelManager:
             entry.state = ModelState.READY
             log.info("model '%s' versions %s are READY", name, sorted(entry.versions))
 
-    async def _start(self, name: str, config_json: str | None) -> tuple[Any, dict[int, ModelVersion]]:
+    async def _start(
+        self, name: str, config_json: str | None
+    ) -> tuple[Any, dict[int, ModelVersion]]:
         source = self.repository.source(name, config_json)
         raw = source.config
         raw.name = raw.name or name
         chosen = select_versions(source, raw)
-        first = await spawn_worker(f"{name}_autocomplete", self.options.in_process, self.custom.handle)
+        first: WorkerBase | None = await spawn_worker(
+            f"{name}_autocomplete", self.options.in_process, self.custom.handle
+        )
+        assert first is not None
         try:
             config = await self._auto_complete(source, chosen[0], raw, first)
             chosen = select_versions(source, config)
@@ -138,23 +145,37 @@ class ModelManager:
             raise
         return config, versions
 
-    def _template(self, source: ModelSource, version: int, config: Any, *, autocomplete: bool) -> m.Load:
+    def _template(
+        self, source: ModelSource, version: int, config: Any, *, autocomplete: bool
+    ) -> m.Load:
         return m.Load(
-            model_name=source.name, model_version=version,
-            repository=str(self.repository.root), model_path=str(source.path),
+            model_name=source.name,
+            model_version=version,
+            repository=str(self.repository.root),
+            model_path=str(source.path),
             model_file=str(source.versions[version].resolve()),
-            config_json=cfg.config_to_json(config), instance_name="", instance_kind="CPU",
-            device_id=0, input_arena="", autocomplete=autocomplete, initialize=not autocomplete,
+            config_json=cfg.config_to_json(config),
+            instance_name="",
+            instance_kind="CPU",
+            device_id=0,
+            input_arena="",
+            autocomplete=autocomplete,
+            initialize=not autocomplete,
         )
 
-    async def _auto_complete(self, source: ModelSource, version: int, raw: Any, worker: WorkerBase) -> Any:
+    async def _auto_complete(
+        self, source: ModelSource, version: int, raw: Any, worker: WorkerBase
+    ) -> Any:
         template = self._template(source, version, raw, autocomplete=True)
         msg = msgspec.structs.replace(
-            template, input_arena=worker.input_segment.name,
+            template,
+            input_arena=worker.input_segment.name,
             instance_name=f"{source.name}_autocomplete",
         )
         loaded = await worker.load(msg, self.options.load_timeout)
-        config = cfg.config_from_json(loaded.config_json, f"auto_complete_config of '{source.name}'")
+        config = cfg.config_from_json(
+            loaded.config_json, f"auto_complete_config of '{source.name}'"
+        )
         cfg.normalize(config, source.name, gpu_count())
         return config
 
@@ -162,8 +183,13 @@ class ModelManager:
         self, source: ModelSource, version: int, config: Any, first: WorkerBase | None
     ) -> ModelVersion:
         template = self._template(source, version, config, autocomplete=False)
-        pool = WorkerPool(instance_specs(config), template, in_process=self.options.in_process,
-                          on_metric=self.custom.handle, load_timeout=self.options.load_timeout)
+        pool = WorkerPool(
+            instance_specs(config),
+            template,
+            in_process=self.options.in_process,
+            on_metric=self.custom.handle,
+            load_timeout=self.options.load_timeout,
+        )
         await pool.start(first)
         stats = ModelStats(source.name, str(version))
         return ModelVersion(source.name, version, config, pool, RequestValidator(config), stats)

@@ -19,24 +19,46 @@ from dlserve.ipc import messages as m
 LabelKey = tuple[tuple[str, str], ...]
 
 _TRITON_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
-    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
-     lambda s: s.success.count),
-    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
-     lambda s: s.inference_count),
-    ("nv_inference_exec_count", "Number of model executions performed",
-     lambda s: s.execution_count),
-    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
-     lambda s: (s.success.ns + s.fail.ns) // 1000),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
-     lambda s: s.queue.ns // 1000),
-    ("nv_inference_compute_input_duration_us",
-     "Cumulative compute input duration in microseconds", lambda s: s.compute_input.ns // 1000),
-    ("nv_inference_compute_infer_duration_us",
-     "Cumulative compute inference duration in microseconds",
-     lambda s: s.compute_infer.ns // 1000),
-    ("nv_inference_compute_output_duration_us",
-     "Cumulative inference compute output duration in microseconds",
-     lambda s: s.compute_output.ns // 1000),
+    (
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes",
+        lambda s: s.success.count,
+    ),
+    (
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)",
+        lambda s: s.inference_count,
+    ),
+    (
+        "nv_inference_exec_count",
+        "Number of model executions performed",
+        lambda s: s.execution_count,
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds",
+        lambda s: (s.success.ns + s.fail.ns) // 1000,
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds",
+        lambda s: s.queue.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds",
+        lambda s: s.compute_input.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds",
+        lambda s: s.compute_infer.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds",
+        lambda s: s.compute_output.ns // 1000,
+    ),
 )
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
@@ -52,8 +74,11 @@ class TritonCollector(Collector):
             for s in all_stats:
                 metric.add_sample(name, {"model": s.name, "version": s.version}, value(s))
             yield metric
-        failure = Metric("nv_inference_request_failure",
-                         "Number of failed inference requests, all batch sizes", "counter")
+        failure = Metric(
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
+            "counter",
+        )
         for s in all_stats:
             for reason in FAILURE_REASONS:
                 labels = {"model": s.name, "reason": reason, "version": s.version}
@@ -134,7 +159,9 @@ class CustomMetrics(Collector):
             yield metric
 
     @staticmethod
-    def _histogram_samples(metric: Metric, name: str, labels: dict[str, str], h: _Histogram) -> None:
+    def _histogram_samples(
+        metric: Metric, name: str, labels: dict[str, str], h: _Histogram
+    ) -> None:
         for bound, count in zip(h.buckets, h.counts, strict=True):
             metric.add_sample(f"{name}_bucket", {**labels, "le": _le(bound)}, count)
         metric.add_sample(f"{name}_bucket", {**labels, "le": "+Inf"}, h.count)
@@ -176,8 +203,10 @@ def _escape_help(text: str) -> str:
 
 def _sample_line(name: str, labels: dict[str, str], value: float) -> str:
     if labels:
-        escaped = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-                   for v in labels.values())
+        escaped = (
+            v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+            for v in labels.values()
+        )
         inner = ",".join(f'{k}="{v}"' for k, v in zip(labels, escaped, strict=True))
         name = f"{name}{{{inner}}}"
     return f"{name} {_number(value)}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -61,12 +62,14 @@ class InferenceService:
                 names = self.repository.model_names()
         else:
             names = self.repository.model_names()
-        for name in names:
-            try:
-                await self.manager.load(name)
-            except errors.DlserveError:
-                pass  # the entry carries the reason
+        await asyncio.gather(*(self._load_at_startup(name) for name in names))
         self._started = True
+
+    async def _load_at_startup(self, name: str) -> None:
+        try:
+            await self.manager.load(name)
+        except errors.DlserveError:
+            pass  # the model's entry is UNAVAILABLE with the reason
 
     async def shutdown(self) -> None:
         self._started = False
@@ -79,8 +82,10 @@ class InferenceService:
     def ready(self) -> bool:
         if not self._started:
             return False
-        return all(e.state != ModelState.READY or all(v.ready for v in e.versions.values())
-                   for e in self.manager.models.values())
+        return all(
+            e.state != ModelState.READY or all(v.ready for v in e.versions.values())
+            for e in self.manager.models.values()
+        )
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("dlserve", __version__, EXTENSIONS)
@@ -127,10 +132,14 @@ class InferenceService:
         entry = self.manager.models[name]
         config = loaded.config
         batch = (-1,) if config.max_batch_size > 0 else ()
-        inputs = tuple(TensorMetadata(s.name, s.dtype.wire, batch + s.dims)
-                       for s in loaded.validator.inputs.values())
-        outputs = tuple(TensorMetadata(s.name, s.dtype.wire, batch + s.dims)
-                        for s in loaded.validator.outputs.values())
+        inputs = tuple(
+            TensorMetadata(s.name, s.dtype.wire, batch + s.dims)
+            for s in loaded.validator.inputs.values()
+        )
+        outputs = tuple(
+            TensorMetadata(s.name, s.dtype.wire, batch + s.dims)
+            for s in loaded.validator.outputs.values()
+        )
         versions = tuple(str(v) for v in sorted(entry.versions))
         return ModelMetadata(name, versions, config.backend or config.platform, inputs, outputs)
 
@@ -163,12 +172,16 @@ class InferenceService:
         t = reply.timings
         if t is not None:
             loaded.stats.record_success(
-                batch if loaded.config.max_batch_size > 0 else 1, now - received,
-                t.input_start - received, t.infer_start - t.input_start,
-                t.infer_end - t.infer_start, now - t.infer_end,
+                batch if loaded.config.max_batch_size > 0 else 1,
+                now - received,
+                t.input_start - received,
+                t.infer_start - t.input_start,
+                t.infer_end - t.infer_start,
+                now - t.infer_end,
             )
-        return InferResponse(request.model_name, str(loaded.version), request.id, outputs,
-                             dict(reply.parameters))
+        return InferResponse(
+            request.model_name, str(loaded.version), request.id, outputs, dict(reply.parameters)
+        )
 
     # -- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
@@ -195,17 +208,25 @@ class InferenceService:
     @staticmethod
     def _index_rows(entry: ModelEntry, ready_only: bool) -> list[RepositoryEntry]:
         if entry.versions:
-            return [RepositoryEntry(entry.name, str(v), entry.state if mv.ready else
-                                    ModelState.UNAVAILABLE, entry.reason)
-                    for v, mv in sorted(entry.versions.items())
-                    if not ready_only or (mv.ready and entry.state == ModelState.READY)]
+            return [
+                RepositoryEntry(
+                    entry.name,
+                    str(v),
+                    entry.state if mv.ready else ModelState.UNAVAILABLE,
+                    entry.reason,
+                )
+                for v, mv in sorted(entry.versions.items())
+                if not ready_only or (mv.ready and entry.state == ModelState.READY)
+            ]
         if ready_only:
             return []
         return [RepositoryEntry(entry.name, "", entry.state, entry.reason)]
 
     def _check_explicit(self) -> None:
         if self.options.model_control_mode != "explicit":
-            raise errors.UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+            raise errors.UnavailableError(
+                "explicit model load / unload is not allowed if polling is enabled"
+            )
 
     async def load_model(self, name: str, config_json: str | None = None) -> None:
         self._check_explicit()

@@ -51,7 +51,12 @@ class ModelStats:
     batches: dict[int, _Batch] = field(default_factory=dict)
 
     def record_success(
-        self, batch_size: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+        self,
+        batch_size: int,
+        total_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
         output_ns: int,
     ) -> None:
         self.success.add(total_ns)
@@ -85,11 +90,17 @@ class ModelStats:
             compute_output=self.compute_output.frozen(),
         )
         batches = tuple(
-            BatchStats(size, b.compute_input.frozen(), b.compute_infer.frozen(),
-                       b.compute_output.frozen())
+            BatchStats(
+                size, b.compute_input.frozen(), b.compute_infer.frozen(), b.compute_output.frozen()
+            )
             for size, b in sorted(self.batches.items())
         )
         return ModelStatistics(
-            self.name, self.version, self.last_inference_ms, self.inference_count,
-            self.execution_count, inference, batches,
+            self.name,
+            self.version,
+            self.last_inference_ms,
+            self.inference_count,
+            self.execution_count,
+            inference,
+            batches,
         )

@@ -36,7 +36,12 @@ def _spec(entry: Any) -> TensorSpec:
 
 
 def _matches(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    return len(dims) == len(shape) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))
+    if len(dims) != len(shape):
+        return False
+    for want, got in zip(dims, shape, strict=True):
+        if want != got and want != -1:
+            return False
+    return True
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
@@ -148,8 +153,9 @@ class RequestValidator:
         if spec.reshape is None:
             return tensor
         batch = tensor.shape[: len(tensor.shape) - len(spec.dims)]
-        return InputTensor(tensor.name, tensor.datatype, batch + spec.reshape, tensor.data,
-                           tensor.parameters)
+        return InputTensor(
+            tensor.name, tensor.datatype, batch + spec.reshape, tensor.data, tensor.parameters
+        )
 
     def _check_missing(self, prefix: str, request: InferRequest) -> None:
         given = {t.name for t in request.inputs}
@@ -169,8 +175,7 @@ class RequestValidator:
         for output in request.outputs:
             if output.name not in self.outputs:
                 raise InvalidArgumentError(
-                    f"{prefix}unexpected inference output '{output.name}' for model "
-                    f"'{self.model}'"
+                    f"{prefix}unexpected inference output '{output.name}' for model '{self.model}'"
                 )
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from dlserve.ipc import codec, messages
 
@@ -61,6 +61,10 @@ class BlockingChannel(Generic[T]):
                 raise ChannelClosed("connection closed")
             got += n
 
+    def fileno(self) -> int:
+        """The socket's descriptor, to wait for a frame with a deadline (select)."""
+        return self._sock.fileno()
+
     def close(self) -> None:
         self._sock.close()
 
@@ -84,8 +88,7 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self._transport = transport
+        self._transport = cast(asyncio.WriteTransport, transport)  # uvloop's is no subclass
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._end == len(self._buf):

@@ -23,7 +23,9 @@ _encoder = msgspec.msgpack.Encoder()
 T = TypeVar("T")
 
 
-def encode(message: messages._Msg, payload: Sequence[bytes | memoryview] = ()) -> list[bytes | memoryview]:
+def encode(
+    message: messages._Msg, payload: Sequence[bytes | memoryview] = ()
+) -> list[bytes | memoryview]:
     """The buffers of one frame, to be written in order (sendmsg / writelines)."""
     header = _encoder.encode(message)
     payload_len = sum(len(part) if isinstance(part, bytes) else part.nbytes for part in payload)
@@ -40,5 +42,5 @@ class Decoder(Generic[T]):
         return self._decoder.decode(header)
 
 
-to_worker: Final = Decoder(messages.ServerToWorker)  # type: ignore[arg-type]
-to_server: Final = Decoder(messages.WorkerToServer)  # type: ignore[arg-type]
+to_worker: Final[Decoder[messages.ServerToWorker]] = Decoder(messages.ServerToWorker)  # type: ignore[arg-type]
+to_server: Final[Decoder[messages.WorkerToServer]] = Decoder(messages.WorkerToServer)  # type: ignore[arg-type]

@@ -123,6 +123,7 @@ class MetricOp(_Msg, tag=111):
     labels: dict[str, str]
     op: str  # "inc" / "set" / "observe" / "create" / "delete"
     value: float = 0.0
+    buckets: list[float] = []  # "create" of a histogram: its bucket bounds
 
 
 class MetricValueCall(_Msg, tag=112):

@@ -13,7 +13,9 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-def create_metrics_app(service: InferenceService) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+def create_metrics_app(
+    service: InferenceService,
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return

@@ -1,0 +1,475 @@
+"""The only place that translates between Triton's gRPC messages and core types.
+
+The infer path does not let protobuf touch tensor bytes. A ModelInferRequest
+arrives as the bytes gRPC received: :func:`split_infer_request` walks its
+top-level fields, keeps each ``raw_input_contents`` entry (field 7) as a
+``memoryview`` into those bytes, and hands only the small rest to protobuf. A
+response is serialized the other way round: protobuf writes the metadata and
+each output's bytes are appended as a ``raw_output_contents`` field (6), so
+they are copied once, into the message gRPC sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from dlserve.errors import InvalidArgumentError, UnsupportedError
+from dlserve.tensors import dtypes
+from dlserve.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    ModelMetadata,
+    ModelStatistics,
+    Parameters,
+    ParamValue,
+    RepositoryEntry,
+    RequestedOutput,
+    ServerMetadata,
+)
+
+_InferRequestMessage: Final = pb.ModelInferRequest
+_InferResponseMessage: Final = pb.ModelInferResponse
+_StreamResponseMessage: Final = pb.ModelStreamInferResponse
+_Duration: Final = pb.StatisticDuration
+_TensorMetadata: Final = pb.ModelMetadataResponse.TensorMetadata
+
+# Wire keys (field number << 3 | wire type 2, length-delimited).
+_RAW_INPUT_KEY: Final = (7 << 3) | 2  # ModelInferRequest.raw_input_contents
+_RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents
+_STREAM_RESPONSE_TAG: Final = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response
+_MALFORMED: Final = "malformed ModelInferRequest"
+_SHARED_MEMORY_PARAMS: Final = ("shared_memory_region", "shared_memory_byte_size")
+
+
+# -- protobuf wire format --------------------------------------------------------------
+def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < end and shift < 64:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    raise InvalidArgumentError(f"{_MALFORMED}: bad varint")
+
+
+def encode_varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _skip_field(data: bytes, key: int, pos: int, end: int) -> tuple[int, int]:
+    """(start of the field's value, end of the field) for a field whose key ends at pos."""
+    wire_type = key & 7
+    if wire_type == 2:
+        length, pos = _read_varint(data, pos, end)
+        return pos, pos + length
+    if wire_type == 0:
+        return pos, _read_varint(data, pos, end)[1]
+    if wire_type == 1:
+        return pos, pos + 8
+    if wire_type == 5:
+        return pos, pos + 4
+    raise InvalidArgumentError(f"{_MALFORMED}: unsupported wire type {wire_type}")
+
+
+def split_infer_request(data: bytes) -> tuple[bytes, list[memoryview]]:
+    """The message without its raw_input_contents, and those contents as views of ``data``.
+
+    Keys and lengths under 128 (nearly all) are read inline: this loop runs per request.
+    """
+    view = memoryview(data)
+    raws: list[memoryview] = []
+    kept: list[memoryview] = []
+    kept_from = pos = 0
+    end = len(data)
+    while pos < end:
+        field_start = pos
+        key = data[pos]
+        if key < 0x80 and key & 7 == 2 and pos + 1 < end and data[pos + 1] < 0x80:
+            value_start = pos + 2
+            pos = value_start + data[pos + 1]
+        else:
+            key, pos = _read_varint(data, pos, end)
+            value_start, pos = _skip_field(data, key, pos, end)
+        if pos > end:
+            raise InvalidArgumentError(f"{_MALFORMED}: field runs past the end of the message")
+        if key == _RAW_INPUT_KEY:
+            if kept_from < field_start:
+                kept.append(view[kept_from:field_start])
+            raws.append(view[value_start:pos])
+            kept_from = pos
+    if not raws:
+        return data, raws
+    kept.append(view[kept_from:end])
+    return b"".join(kept), raws
+
+
+# -- parameters ------------------------------------------------------------------------
+def params_from_message(params: Any) -> Parameters:
+    """A map<string, InferParameter> as python values."""
+    out: Parameters = {}
+    for key, param in params.items():
+        which = param.WhichOneof("parameter_choice")
+        if which is None:
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "double_param, uint64_param or string_param."
+            )
+        out[key] = getattr(param, which)
+    return out
+
+
+def fill_params(target: Any, params: Mapping[str, ParamValue]) -> None:
+    """Write python values into a map<string, InferParameter>."""
+    for key, value in params.items():
+        param = target[key]
+        if isinstance(value, bool):  # before int: bool is an int
+            param.bool_param = value
+        elif isinstance(value, int):
+            if value > 0x7FFF_FFFF_FFFF_FFFF:
+                param.uint64_param = value
+            else:
+                param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = value
+
+
+# -- ModelInferRequest -> InferRequest -------------------------------------------------
+# Typed contents: field, the wire type its values have, the datatypes it may carry.
+_CONTENTS: Final = (
+    ("bool_contents", "BOOL", ("BOOL",)),
+    ("int_contents", "INT32", ("INT8", "INT16", "INT32")),
+    ("int64_contents", "INT64", ("INT64",)),
+    ("uint_contents", "UINT32", ("UINT8", "UINT16", "UINT32")),
+    ("uint64_contents", "UINT64", ("UINT64",)),
+    ("fp32_contents", "FP32", ("FP32",)),
+    ("fp64_contents", "FP64", ("FP64",)),
+    ("bytes_contents", "BYTES", ("BYTES",)),
+)
+
+
+def _serialize_bytes_elements(values: Sequence[bytes]) -> bytes:
+    parts: list[bytes] = []
+    for value in values:
+        parts.append(len(value).to_bytes(4, "little"))
+        parts.append(value)
+    return b"".join(parts)
+
+
+def _typed_values(values: Any, field_type: str, datatype: str) -> bytes:
+    if field_type == "BYTES":
+        return _serialize_bytes_elements(values)
+    source = dtypes.BY_WIRE[field_type].numpy_storage
+    target = dtypes.BY_WIRE[datatype].numpy_storage
+    array = np.array(values, dtype=source)
+    # Narrower integers keep their low bytes, as Triton does.
+    return (array if source == target else array.astype(target)).tobytes()
+
+
+def contents_bytes(tensor: Any, model: str) -> memoryview:
+    """An input's typed ``contents`` as raw tensor bytes (BYTES length-prefixed)."""
+    found: bytes | None = None
+    contents = tensor.contents
+    for field, field_type, datatypes in _CONTENTS:
+        values = getattr(contents, field)
+        if not values:
+            continue
+        where = f"for input tensor '{tensor.name}' for model '{model}'"
+        if found is not None:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data {where}, binary data was already supplied."
+            )
+        if tensor.datatype not in datatypes:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data {where} of type '{field_type}', expected "
+                f"datatype '{tensor.datatype}'"
+            )
+        found = _typed_values(values, field_type, tensor.datatype)
+    return memoryview(found if found is not None else b"")
+
+
+def _reject_shared_memory(params: Parameters, what: str) -> None:
+    for key in _SHARED_MEMORY_PARAMS:
+        if key in params:
+            raise UnsupportedError(
+                f"{what} uses parameter '{key}': shared memory is not supported yet"
+            )
+
+
+def _input_tensors(message: Any, raws: Sequence[memoryview]) -> list[InputTensor]:
+    model = message.model_name
+    inputs: list[InputTensor] = []
+    used = 0
+    for tensor in message.inputs[:]:  # a slice iterates faster than the container
+        params = params_from_message(tensor.parameters) if tensor.parameters else {}
+        if params:
+            _reject_shared_memory(params, f"input '{tensor.name}'")
+        if tensor.HasField("contents"):
+            if raws:
+                raise InvalidArgumentError(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{model}'"
+                )
+            data = contents_bytes(tensor, model)
+        elif used < len(raws):
+            data = raws[used]
+            used += 1
+        else:
+            raise InvalidArgumentError(
+                f"unable to find data for input tensor '{tensor.name}' for model '{model}' in "
+                "request."
+            )
+        shape = tuple(tensor.shape[:])  # twice as fast as tuple(container)
+        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, params))
+    if used != len(raws):
+        raise InvalidArgumentError(
+            f"expected {len(message.inputs)} raw_input_contents for model '{model}' (one per "
+            f"input), got {len(raws)}"
+        )
+    return inputs
+
+
+def _requested_outputs(message: Any) -> list[RequestedOutput]:
+    outputs: list[RequestedOutput] = []
+    if not message.outputs:  # the common case; iterating even an empty container costs
+        return outputs
+    for output in message.outputs[:]:
+        params = params_from_message(output.parameters) if output.parameters else {}
+        if params:
+            _reject_shared_memory(params, f"output '{output.name}'")
+        outputs.append(RequestedOutput(output.name, params))
+    return outputs
+
+
+def infer_request_from_message(
+    message: Any, raws: Sequence[memoryview] | None = None
+) -> InferRequest:
+    """A parsed ModelInferRequest as a core request; ``raws`` replaces its raw contents."""
+    if raws is None:
+        raws = [memoryview(raw) for raw in message.raw_input_contents]
+    params = params_from_message(message.parameters) if message.parameters else {}
+    return InferRequest(
+        message.model_name, message.model_version, message.id,
+        _input_tensors(message, raws), _requested_outputs(message), params,
+    )  # fmt: skip
+
+
+def parse_infer_request(data: bytes) -> InferRequest:
+    """A serialized ModelInferRequest as a core request; raw inputs are views of ``data``."""
+    metadata, raws = split_infer_request(data)
+    try:
+        message = _InferRequestMessage.FromString(metadata)
+    except DecodeError as exc:
+        raise InvalidArgumentError(f"{_MALFORMED}: {exc}") from None
+    return infer_request_from_message(message, raws)
+
+
+# -- InferResponse -> ModelInferResponse -----------------------------------------------
+def infer_response_parts(response: InferResponse) -> tuple[list[bytes | memoryview], int]:
+    """A ModelInferResponse as pieces to join, and their total size."""
+    message = _InferResponseMessage(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    add_output = message.outputs.add
+    raw: list[bytes | memoryview] = []
+    size = 0
+    for output in response.outputs:
+        tensor = add_output(name=output.name, datatype=output.datatype, shape=output.shape)
+        if output.parameters:
+            fill_params(tensor.parameters, output.parameters)
+        data = output.data if output.data is not None else b""  # in a region: empty, as Triton
+        nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
+        header = _RAW_OUTPUT_TAG + encode_varint(nbytes)
+        raw += (header, data)
+        size += len(header) + nbytes
+    if response.parameters:
+        fill_params(message.parameters, response.parameters)
+    metadata = message.SerializeToString()
+    return [metadata, *raw], size + len(metadata)
+
+
+def serialize_infer_response(response: InferResponse) -> bytes:
+    return b"".join(infer_response_parts(response)[0])
+
+
+def serialize_stream_response(response: InferResponse) -> bytes:
+    """A ModelStreamInferResponse carrying ``response``."""
+    parts, size = infer_response_parts(response)
+    return b"".join((_STREAM_RESPONSE_TAG, encode_varint(size), *parts))
+
+
+def serialize_stream_error(message: str, request_id: str) -> bytes:
+    """A failed stream request: the error, and the id so the client knows which one."""
+    infer_response = _InferResponseMessage(id=request_id)
+    return bytes(
+        _StreamResponseMessage(
+            error_message=message, infer_response=infer_response
+        ).SerializeToString()
+    )
+
+
+def request_id_of(data: bytes) -> str:
+    """The id of a serialized request that failed to convert, or "" when unreadable."""
+    try:
+        metadata, _ = split_infer_request(data)
+        return str(_InferRequestMessage.FromString(metadata).id)
+    except (InvalidArgumentError, DecodeError):
+        return ""
+
+
+# -- metadata, statistics, repository --------------------------------------------------
+def server_metadata_response(metadata: ServerMetadata) -> Any:
+    return pb.ServerMetadataResponse(
+        name=metadata.name, version=metadata.version, extensions=metadata.extensions
+    )
+
+
+def model_metadata_response(metadata: ModelMetadata) -> Any:
+    return pb.ModelMetadataResponse(
+        name=metadata.name, versions=metadata.versions, platform=metadata.platform,
+        inputs=[_TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape)
+                for t in metadata.inputs],
+        outputs=[_TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape)
+                 for t in metadata.outputs],
+    )  # fmt: skip
+
+
+def _duration(stat: Any) -> Any:
+    return _Duration(count=stat.count, ns=stat.ns)
+
+
+def _model_statistics(stats: ModelStatistics) -> Any:
+    infer = stats.inference_stats
+    return pb.ModelStatistics(
+        name=stats.name, version=stats.version, last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count, execution_count=stats.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(infer.success), fail=_duration(infer.fail),
+            queue=_duration(infer.queue), compute_input=_duration(infer.compute_input),
+            compute_infer=_duration(infer.compute_infer),
+            compute_output=_duration(infer.compute_output),
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=b.batch_size, compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer),
+                compute_output=_duration(b.compute_output),
+            )
+            for b in stats.batch_stats
+        ],
+    )  # fmt: skip
+
+
+def statistics_response(stats: Sequence[ModelStatistics]) -> Any:
+    return pb.ModelStatisticsResponse(model_stats=[_model_statistics(s) for s in stats])
+
+
+def repository_index_response(entries: Sequence[RepositoryEntry]) -> Any:
+    return pb.RepositoryIndexResponse(models=[
+        pb.RepositoryIndexResponse.ModelIndex(
+            name=e.name, version=e.version, state=e.state.value if e.state else "",
+            reason=e.reason,
+        )
+        for e in entries
+    ])  # fmt: skip
+
+
+# -- repository control and log settings -----------------------------------------------
+def _no_repository_name(request: Any) -> None:
+    if request.repository_name:
+        raise UnsupportedError("'repository_name' specification is not supported")
+
+
+def load_config_json(request: Any) -> str | None:
+    """A RepositoryModelLoadRequest's "config" override, checked as Triton checks it."""
+    _no_repository_name(request)
+    config: str | None = None
+    for key, param in request.parameters.items():
+        which = param.WhichOneof("parameter_choice")
+        if key == "config":
+            if which != "string_param":
+                raise InvalidArgumentError(
+                    "invalid value type for load parameter 'config', expected string_param."
+                )
+            config = param.string_param
+        elif key.startswith("file:"):
+            raise UnsupportedError(
+                f"load parameter '{key}': loading model files sent with the request is not "
+                "supported yet"
+            )
+        else:
+            raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
+    return config
+
+
+def check_unload_request(request: Any) -> None:
+    _no_repository_name(request)
+    param = request.parameters.get("unload_dependents")
+    if param is not None and param.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidArgumentError(
+            "invalid value type for 'unload_dependents' parameter, expected bool_param."
+        )
+
+
+_LOG_SETTING_KINDS: Final = {
+    "log_info": ("bool_param", "boolean"), "log_warning": ("bool_param", "boolean"),
+    "log_error": ("bool_param", "boolean"), "log_verbose_level": ("uint32_param", "int32"),
+    "log_format": ("string_param", "string"),
+}  # fmt: skip
+
+
+def log_settings_update(request: Any) -> dict[str, ParamValue]:
+    """A LogSettingsRequest's updates as python values, checked as Triton checks them."""
+    updates: dict[str, ParamValue] = {}
+    for key, value in request.settings.items():
+        if key == "log_file":
+            raise UnsupportedError("log file location can not be updated through network protocol")
+        which = value.WhichOneof("parameter_choice")
+        expected, noun = _LOG_SETTING_KINDS.get(key, (which, ""))
+        if which is None or which != expected:
+            raise InvalidArgumentError(f"expect {noun or 'a value'} for '{key}'")
+        updates[key] = getattr(value, which)
+    log_format = updates.get("log_format", "default")
+    if log_format not in ("default", "ISO8601"):
+        raise InvalidArgumentError(f"invalid argument for log_format, got: {log_format}")
+    return updates
+
+
+def log_settings_response(settings: Mapping[str, Any]) -> Any:
+    response = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        setting = response.settings[key]
+        if isinstance(value, bool):
+            setting.bool_param = value
+        elif isinstance(value, int):
+            setting.uint32_param = value
+        else:
+            setting.string_param = str(value)
+    return response
+
+
+def trace_settings_update(request: Any) -> dict[str, list[str]]:
+    return {key: list(value.value) for key, value in request.settings.items()}
+
+
+def trace_settings_response(settings: Mapping[str, Sequence[str]]) -> Any:
+    response = pb.TraceSettingResponse()
+    for key, values in settings.items():
+        response.settings[key].value.extend(values)
+    return response

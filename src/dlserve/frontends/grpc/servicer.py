@@ -1,0 +1,290 @@
+"""Triton's ``inference.GRPCInferenceService`` on grpc.aio, answered by the InferenceService.
+
+Every RPC translates its message (``convert``), asks the service, and
+translates the answer back; failures become gRPC statuses (``errors``).
+ModelInfer and ModelStreamInfer take and return the bytes gRPC moves, so
+that tensor bytes are never copied by protobuf (see ``convert``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Final
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from dlserve.core.service import InferenceService
+from dlserve.errors import DlserveError, FatalError, InvalidArgumentError, UnsupportedError
+from dlserve.frontends.grpc import convert
+from dlserve.frontends.grpc.errors import error_message, grpc_errors
+from dlserve.types import InferRequest
+
+log = logging.getLogger("dlserve.grpc")
+
+SERVICE_NAME: Final = "inference.GRPCInferenceService"
+INT32_MAX: Final = 2**31 - 1
+SERVER_OPTIONS: Final = (
+    ("grpc.max_send_message_length", INT32_MAX),  # as Triton: protobuf's own limit
+    ("grpc.max_receive_message_length", INT32_MAX),
+    ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+)
+STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
+
+_SHM_LATER: Final = "shared memory is not supported yet (it lands in a later release)"
+
+
+class TraceSettings:
+    """Trace settings, global and per model, kept in memory (tracing itself comes later).
+
+    Checked as Triton checks them; keys Triton does not know are ignored, as Triton does.
+    """
+
+    DEFAULTS: Final[Mapping[str, Sequence[str]]] = {
+        "trace_level": ("OFF",), "trace_rate": ("1000",), "trace_count": ("-1",),
+        "log_frequency": ("0",), "trace_file": ("",), "trace_mode": ("triton",),
+    }  # fmt: skip
+    _LEVELS: Final = ("OFF", "TIMESTAMPS", "TENSORS")
+    _NUMBERS: Final = ("trace_rate", "trace_count", "log_frequency")
+
+    def __init__(self) -> None:
+        self._global: dict[str, list[str]] = {k: list(v) for k, v in self.DEFAULTS.items()}
+        self._models: dict[str, dict[str, list[str]]] = {}
+
+    def get(self, model: str = "") -> dict[str, list[str]]:
+        return {**self._global, **self._models.get(model, {})}
+
+    def update(self, model: str, updates: Mapping[str, list[str]]) -> None:
+        """Apply every update or none; an empty value list clears the setting."""
+        checked = {k: self._check(k, v) for k, v in updates.items() if k in self.DEFAULTS}
+        target = self._models.setdefault(model, {}) if model else self._global
+        for key, values in checked.items():
+            if values:
+                target[key] = values
+            elif model:
+                target.pop(key, None)  # back to the global setting
+            else:
+                target[key] = list(self.DEFAULTS[key])
+
+    def _check(self, key: str, values: list[str]) -> list[str]:
+        if key == "trace_file":
+            raise UnsupportedError(
+                "trace file location can not be updated through network protocol"
+            )
+        if key == "trace_level":
+            if "OFF" in values and len(values) > 1:
+                raise InvalidArgumentError("Expect only one trace level 'OFF' is specified")
+            for level in values:
+                if level not in self._LEVELS:
+                    raise InvalidArgumentError(f"unknown trace level '{level}'")
+        elif key in self._NUMBERS:
+            if len(values) > 1:
+                raise InvalidArgumentError(f"expect only 1 value for '{key}'")
+            if values and not _is_int(values[0], -1 if key == "trace_count" else 0):
+                raise InvalidArgumentError(f"Unable to parse '{key}', got: {values[0]}")
+        return values
+
+
+def _is_int(text: str, minimum: int) -> bool:
+    try:
+        return int(text) >= minimum
+    except ValueError:
+        return False
+
+
+class GrpcServicer:
+    """One method per RPC; each is registered by :func:`method_handlers`."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self._service = service
+        self._trace = TraceSettings()
+
+    # -- health and metadata ------------------------------------------------------------
+    @grpc_errors
+    async def server_live(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self._service.live())
+
+    @grpc_errors
+    async def server_ready(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self._service.ready())
+
+    @grpc_errors
+    async def model_ready(self, request: Any, context: Any) -> Any:
+        return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
+
+    @grpc_errors
+    async def server_metadata(self, request: Any, context: Any) -> Any:
+        return convert.server_metadata_response(self._service.server_metadata())
+
+    @grpc_errors
+    async def model_metadata(self, request: Any, context: Any) -> Any:
+        metadata = self._service.model_metadata(request.name, request.version)
+        return convert.model_metadata_response(metadata)
+
+    @grpc_errors
+    async def model_config(self, request: Any, context: Any) -> Any:
+        config = self._service.model_config(request.name, request.version)
+        return pb.ModelConfigResponse(config=config)
+
+    # -- inference ----------------------------------------------------------------------
+    @grpc_errors
+    async def model_infer(self, request: bytes, context: Any) -> bytes:
+        response = await self._service.infer(convert.parse_infer_request(request))
+        return convert.serialize_infer_response(response)
+
+    async def model_stream_infer(
+        self, requests: AsyncIterator[bytes], context: Any
+    ) -> AsyncIterator[bytes]:
+        """Requests run concurrently (up to STREAM_WINDOW); responses leave in request order.
+
+        A failed request answers with ``error_message`` and the stream goes on.
+        """
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        pending: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_stream(requests, window, pending))
+        try:
+            while (task := await pending.get()) is not None:
+                response = await task
+                window.release()
+                yield response
+            await reader  # a broken request stream ends the RPC with its error
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                if (task := pending.get_nowait()) is not None:
+                    task.cancel()
+
+    async def _read_stream(
+        self, requests: AsyncIterator[bytes], window: asyncio.Semaphore,
+        pending: asyncio.Queue[asyncio.Task[bytes] | None],
+    ) -> None:  # fmt: skip
+        try:
+            async for data in requests:
+                await window.acquire()
+                pending.put_nowait(asyncio.create_task(self._stream_one(data)))
+        finally:
+            pending.put_nowait(None)
+
+    async def _stream_one(self, data: bytes) -> bytes:
+        request: InferRequest | None = None
+        try:
+            request = convert.parse_infer_request(data)
+            return convert.serialize_stream_response(await self._service.infer(request))
+        except Exception as exc:
+            if not isinstance(exc, DlserveError):
+                log.exception("gRPC ModelStreamInfer request failed")
+            request_id = request.id if request is not None else convert.request_id_of(data)
+            return convert.serialize_stream_error(error_message(exc), request_id)
+
+    # -- statistics and repository ------------------------------------------------------
+    @grpc_errors
+    async def model_statistics(self, request: Any, context: Any) -> Any:
+        stats = self._service.statistics(request.name, request.version)
+        return convert.statistics_response(stats)
+
+    @grpc_errors
+    async def repository_index(self, request: Any, context: Any) -> Any:
+        if request.repository_name:
+            raise UnsupportedError("'repository_name' specification is not supported")
+        entries = self._service.repository_index(ready_only=request.ready)
+        return convert.repository_index_response(entries)
+
+    @grpc_errors
+    async def repository_model_load(self, request: Any, context: Any) -> Any:
+        config_json = convert.load_config_json(request)
+        await self._service.load_model(request.model_name, config_json)
+        return pb.RepositoryModelLoadResponse()
+
+    @grpc_errors
+    async def repository_model_unload(self, request: Any, context: Any) -> Any:
+        convert.check_unload_request(request)
+        await self._service.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory (a later issue) --------------------------------------------------
+    @grpc_errors
+    async def shared_memory_unsupported(self, request: Any, context: Any) -> Any:
+        raise UnsupportedError(_SHM_LATER)
+
+    # -- trace and log settings ---------------------------------------------------------
+    @grpc_errors
+    async def trace_setting(self, request: Any, context: Any) -> Any:
+        model = request.model_name
+        if model and not self._service.model_ready(model):
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if request.settings:
+            self._trace.update(model, convert.trace_settings_update(request))
+        return convert.trace_settings_response(self._trace.get(model))
+
+    @grpc_errors
+    async def log_settings(self, request: Any, context: Any) -> Any:
+        if request.settings:
+            self._service.update_log_settings(convert.log_settings_update(request))
+        return convert.log_settings_response(self._service.log_settings)
+
+
+def _unary(method: Any, request_type: Any, response_type: Any) -> Any:
+    return grpc.unary_unary_rpc_method_handler(
+        method, request_deserializer=request_type.FromString,
+        response_serializer=response_type.SerializeToString,
+    )  # fmt: skip
+
+
+def method_handlers(s: GrpcServicer) -> dict[str, Any]:
+    """The service's method table; the two infer RPCs pass bytes through unparsed."""
+    shm = s.shared_memory_unsupported
+    return {
+        "ServerLive": _unary(s.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+        "ServerReady": _unary(s.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+        "ModelReady": _unary(s.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+        "ServerMetadata": _unary(s.server_metadata, pb.ServerMetadataRequest,
+                                 pb.ServerMetadataResponse),
+        "ModelMetadata": _unary(s.model_metadata, pb.ModelMetadataRequest,
+                                pb.ModelMetadataResponse),
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(s.model_infer),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(s.model_stream_infer),
+        "ModelConfig": _unary(s.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
+        "ModelStatistics": _unary(s.model_statistics, pb.ModelStatisticsRequest,
+                                  pb.ModelStatisticsResponse),
+        "RepositoryIndex": _unary(s.repository_index, pb.RepositoryIndexRequest,
+                                  pb.RepositoryIndexResponse),
+        "RepositoryModelLoad": _unary(s.repository_model_load, pb.RepositoryModelLoadRequest,
+                                      pb.RepositoryModelLoadResponse),
+        "RepositoryModelUnload": _unary(s.repository_model_unload,
+                                        pb.RepositoryModelUnloadRequest,
+                                        pb.RepositoryModelUnloadResponse),
+        "SystemSharedMemoryStatus": _unary(shm, pb.SystemSharedMemoryStatusRequest,
+                                           pb.SystemSharedMemoryStatusResponse),
+        "SystemSharedMemoryRegister": _unary(shm, pb.SystemSharedMemoryRegisterRequest,
+                                             pb.SystemSharedMemoryRegisterResponse),
+        "SystemSharedMemoryUnregister": _unary(shm, pb.SystemSharedMemoryUnregisterRequest,
+                                               pb.SystemSharedMemoryUnregisterResponse),
+        "CudaSharedMemoryStatus": _unary(shm, pb.CudaSharedMemoryStatusRequest,
+                                         pb.CudaSharedMemoryStatusResponse),
+        "CudaSharedMemoryRegister": _unary(shm, pb.CudaSharedMemoryRegisterRequest,
+                                           pb.CudaSharedMemoryRegisterResponse),
+        "CudaSharedMemoryUnregister": _unary(shm, pb.CudaSharedMemoryUnregisterRequest,
+                                             pb.CudaSharedMemoryUnregisterResponse),
+        "TraceSetting": _unary(s.trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
+        "LogSettings": _unary(s.log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
+    }  # fmt: skip
+
+
+def create_grpc_server(service: InferenceService, address: str) -> tuple[grpc.aio.Server, int]:
+    """An unstarted grpc.aio server for ``service`` bound to ``address``, and its bound port.
+
+    ``address`` may name port 0; the port the system picked is returned.
+    """
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    handlers = method_handlers(GrpcServicer(service))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    try:
+        port = int(server.add_insecure_port(address))
+    except RuntimeError as exc:
+        raise FatalError(f"cannot listen for gRPC on {address}: {exc}") from None
+    if port == 0:
+        raise FatalError(f"cannot listen for gRPC on {address}")
+    return server, port
