@@ -70,9 +70,21 @@ def run_server(
     """Start dlserve on free ports; ready when it says so on the ready pipe."""
     read_fd, write_fd = os.pipe()
     command = [
-        sys.executable, "-m", "dlserve", "serve", "--model-repository", str(repository),
-        "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-        "--ready-fd", str(write_fd), *extra,
+        sys.executable,
+        "-m",
+        "dlserve",
+        "serve",
+        "--model-repository",
+        str(repository),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--ready-fd",
+        str(write_fd),
+        *extra,
     ]
     process = subprocess.Popen(command, env={**os.environ, **(env or {})}, pass_fds=(write_fd,))
     os.close(write_fd)

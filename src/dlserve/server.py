@@ -186,6 +186,11 @@ def run(options: ServerOptions) -> int:
 
 def asyncio_run(main: Coroutine[Any, Any, None]) -> None:
     """Run on uvloop where it is installed."""
+    import os
+
+    if os.environ.get("DLSERVE_LOOP") == "asyncio":
+        asyncio.run(main)
+        return
     try:
         import uvloop
     except ImportError:

@@ -114,12 +114,18 @@ class WorkerBase:
     # -- load ---------------------------------------------------------------------------
     async def load(self, msg: m.Load, timeout: float) -> m.Loaded:
         """Send Load and wait for the answer; raises UnavailableError with the reason."""
+        self.label = msg.instance_name or self.label  # a reused worker becomes this instance
         reply = await self._control_call(msg, timeout, "loading")
         if isinstance(reply, m.LoadFailed):
             raise errors.UnavailableError(reply.message)
         if not isinstance(reply, m.Loaded):
             raise errors.InternalError(f"unexpected reply to Load: {type(reply).__name__}")
-        self.output_segment = ShmSegment(reply.output_arena, 0, create=False)
+        if self.output_segment is None:
+            self.output_segment = ShmSegment(reply.output_arena, 0, create=False)
+            # Both sides have mapped both arenas: their names can go now, so nothing is
+            # left in /dev/shm whatever way either process ends.
+            self.input_segment.unlink()
+            self.output_segment.unlink()
         return reply
 
     async def _control_call(self, msg: m._Msg, timeout: float, what: str) -> m.WorkerToServer:
@@ -146,7 +152,10 @@ class WorkerBase:
         return self._channel is not None
 
     async def infer(
-        self, request_id: str, inputs: list[InputTensor], outputs: list[str],
+        self,
+        request_id: str,
+        inputs: list[InputTensor],
+        outputs: list[str],
         parameters: dict[str, m.ParamValue],
     ) -> WorkerReply:
         channel = self._channel
@@ -176,15 +185,27 @@ class WorkerBase:
             nbytes = data.nbytes
             arena_offset = self.input_arena.alloc(nbytes) if nbytes > INLINE_INPUT_LIMIT else None
             if arena_offset is None:
-                ref = m.TensorRef(tensor.name, tensor.datatype, list(tensor.shape),
-                                  m.Where.PAYLOAD, inline_offset, nbytes)
+                ref = m.TensorRef(
+                    tensor.name,
+                    tensor.datatype,
+                    list(tensor.shape),
+                    m.Where.PAYLOAD,
+                    inline_offset,
+                    nbytes,
+                )
                 payload.append(data)
                 inline_offset += nbytes
             else:
                 self.input_arena.view(arena_offset, nbytes)[:] = data.cast("B")
                 offsets.append(arena_offset)
-                ref = m.TensorRef(tensor.name, tensor.datatype, list(tensor.shape),
-                                  m.Where.INPUT_ARENA, arena_offset, nbytes)
+                ref = m.TensorRef(
+                    tensor.name,
+                    tensor.datatype,
+                    list(tensor.shape),
+                    m.Where.INPUT_ARENA,
+                    arena_offset,
+                    nbytes,
+                )
             refs.append(ref)
         return refs, payload, offsets
 
@@ -251,8 +272,14 @@ class SubprocessWorker(WorkerBase):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),), env=env, stdin=asyncio.subprocess.DEVNULL,
+                sys.executable,
+                "-m",
+                "dlserve.workers.main",
+                "--fd",
+                str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
             )
         finally:
             theirs.close()

@@ -16,6 +16,8 @@ import socket
 import sys
 
 from dlserve import backend
+from dlserve.backend import link
+from dlserve.backend.link import WorkerLink
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
@@ -39,22 +41,23 @@ def install_pb_utils() -> None:
     sys.modules["triton_python_backend_utils"] = backend
 
 
-def load(channel: Channel, msg: m.Load, runner: ModelRunner | None) -> ModelRunner | None:
+def load(worker: WorkerLink, msg: m.Load, runner: ModelRunner | None) -> ModelRunner | None:
+    worker.model_name = msg.model_name
     if runner is not None:
         runner.update(msg)
     else:
         try:
             runner = ModelRunner(msg)
         except OSError as exc:
-            channel.send(m.LoadFailed(message=f"cannot set up shared memory: {exc}"))
+            worker.send(m.LoadFailed(message=f"cannot set up shared memory: {exc}"))
             return None
     try:
         runner.start()
     except LoadError as exc:
         runner.finalize()
-        channel.send(m.LoadFailed(message=str(exc)))
+        worker.send(m.LoadFailed(message=str(exc)))
         return None
-    channel.send(
+    worker.send(
         m.Loaded(
             config_json=json.dumps(runner.config),
             output_arena=runner.output_segment.name,
@@ -64,30 +67,58 @@ def load(channel: Channel, msg: m.Load, runner: ModelRunner | None) -> ModelRunn
     return runner
 
 
-def serve(channel: Channel) -> None:
-    runner: ModelRunner | None = None
-    while True:
+def serve(channel: Channel, *, process_wide: bool = False) -> None:
+    """Serve one connection until Shutdown or until the server goes away.
+
+    Model code reaches the server through this thread's WorkerLink (pb_utils metrics);
+    ``process_wide`` also makes it the default for threads the model starts.
+    """
+    worker = WorkerLink(channel)
+    link.install(worker, process_wide=process_wide)
+    try:
+        _Serving(worker).run()
+    finally:
+        link.uninstall(worker)
+
+
+class _Serving:
+    """The serve loop's state: the link and the model instance it runs (after Load)."""
+
+    def __init__(self, worker: WorkerLink) -> None:
+        self.worker = worker
+        self.runner: ModelRunner | None = None
+
+    def run(self) -> None:
+        """Handle frames until Shutdown or until the server goes away; finalize either way."""
         try:
-            msg, payload = channel.recv()
+            while self.step():
+                pass
         except ChannelClosed:
-            break
+            pass
+        finally:
+            if self.runner is not None:
+                self.runner.finalize()
+
+    def step(self) -> bool:
+        """Handle one frame; False once the server has said Shutdown."""
+        msg, payload = self.worker.recv()
         if isinstance(msg, m.Infer):
-            assert runner is not None, "Infer before Load"
-            done, buffers = runner.infer(msg, payload)
-            channel.send(done, buffers)
+            assert self.runner is not None, "Infer before Load"
+            done, buffers = self.runner.infer(msg, payload)
+            self.worker.send(done, buffers)
         elif isinstance(msg, m.Release):
-            if runner is not None:
-                runner.release(msg.offsets)
+            if self.runner is not None:
+                self.runner.release(msg.offsets)
         elif isinstance(msg, m.Load):
-            runner = load(channel, msg, runner)
+            self.runner = load(self.worker, msg, self.runner)
         elif isinstance(msg, m.Shutdown):
+            runner, self.runner = self.runner, None
             if runner is not None:
                 runner.finalize()
-                runner = None
-            channel.send(m.Closed())
-            break
-    if runner is not None:
-        runner.finalize()
+            self.worker.send(m.Closed())
+            return False
+        # a MetricValueReply here answers a call that gave up waiting: nothing to do
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     install_pb_utils()
     sock = socket.socket(fileno=args.fd)
     channel: Channel = BlockingChannel(sock, codec.to_worker)
-    serve(channel)
+    profile_dir = os.environ.get("DLSERVE_WORKER_PROFILE")
+    if profile_dir:  # a developer's switch: cProfile each worker into this folder
+        import cProfile
+
+        cProfile.runctx(
+            "serve(channel, process_wide=True)",
+            globals(),
+            {"channel": channel},
+            os.path.join(profile_dir, f"worker-{os.getpid()}.prof"),
+        )
+    else:
+        serve(channel, process_wide=True)
     channel.close()
     return 0
 

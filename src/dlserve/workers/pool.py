@@ -49,8 +49,13 @@ class WorkerPool:
     """Holds one worker per instance; a dead worker fails its own requests and is replaced."""
 
     def __init__(
-        self, specs: list[InstanceSpec], template: m.Load, *, in_process: bool,
-        on_metric: MetricSink | None, load_timeout: float,
+        self,
+        specs: list[InstanceSpec],
+        template: m.Load,
+        *,
+        in_process: bool,
+        on_metric: MetricSink | None,
+        load_timeout: float,
     ) -> None:
         self.specs = specs
         self.template = template
@@ -64,7 +69,9 @@ class WorkerPool:
 
     async def start(self, first: WorkerBase | None = None) -> None:
         """Start every instance (reusing ``first`` for instance 0); all or nothing."""
-        starts = [self._start_instance(i, first if i == 0 else None) for i in range(len(self.specs))]
+        starts = [
+            self._start_instance(i, first if i == 0 else None) for i in range(len(self.specs))
+        ]
         results = await asyncio.gather(*starts, return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -112,7 +119,11 @@ class WorkerPool:
         """The live instance with the fewest requests in flight."""
         best: WorkerBase | None = None
         for worker in self.workers:
-            if worker is not None and worker.alive and (best is None or worker.inflight < best.inflight):
+            if (
+                worker is not None
+                and worker.alive
+                and (best is None or worker.inflight < best.inflight)
+            ):
                 best = worker
         if best is None:
             raise errors.UnavailableError(

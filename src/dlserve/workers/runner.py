@@ -104,7 +104,9 @@ class ModelRunner:
 
         completed = model_class.auto_complete_config(ModelConfig(self.config))
         if not isinstance(completed, ModelConfig):
-            raise LoadError("auto_complete_config must return the pb_utils.ModelConfig it was given")
+            raise LoadError(
+                "auto_complete_config must return the pb_utils.ModelConfig it was given"
+            )
         return completed.as_dict()
 
     def initialize_args(self) -> dict[str, str]:
@@ -145,7 +147,9 @@ class ModelRunner:
         return done, buffers
 
     def _request(self, msg: m.Infer, payload: memoryview) -> pb_utils.InferenceRequest:
-        inputs = [pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload)) for ref in msg.inputs]
+        inputs = [
+            pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload)) for ref in msg.inputs
+        ]
         request = pb_utils.InferenceRequest(
             model_name=self.load.model_name,
             inputs=inputs,
@@ -155,7 +159,9 @@ class ModelRunner:
         )
         return request
 
-    def _input_array(self, ref: m.TensorRef, payload: memoryview) -> tuple[npt.NDArray[Any], dtypes.DType]:
+    def _input_array(
+        self, ref: m.TensorRef, payload: memoryview
+    ) -> tuple[npt.NDArray[Any], dtypes.DType]:
         dtype = dtypes.BY_WIRE[ref.datatype]
         if ref.where == m.Where.PAYLOAD:
             source = payload
@@ -168,7 +174,9 @@ class ModelRunner:
 
     def _single_response(self, responses: Any) -> pb_utils.InferenceResponse:
         if not isinstance(responses, list | tuple) or len(responses) != 1:
-            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            got = (
+                len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            )
             raise TritonError(f"execute() must return a list of 1 InferenceResponse, got {got}")
         response = responses[0]
         if not isinstance(response, pb_utils.InferenceResponse):
@@ -195,24 +203,37 @@ class ModelRunner:
             if buffer is not None:
                 buffers.append(buffer)
                 offset += buffer.nbytes
-        params = json.loads(response.parameters())
+        text = response.parameters()
+        params = json.loads(text) if text != "{}" else {}
         return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
 
-    def _output_ref(self, tensor: pb_utils.Tensor, offset: int) -> tuple[m.TensorRef, memoryview | None]:
+    def _output_ref(
+        self, tensor: pb_utils.Tensor, offset: int
+    ) -> tuple[m.TensorRef, memoryview | None]:
         array = tensor.storage
         dtype = tensor.dtype
         shape = list(array.shape)
         if dtype.is_bytes:
             data = memoryview(dtypes.serialize_bytes(array))
         else:
-            data = memoryview(np.ascontiguousarray(array)).cast("B")
+            # flat bytes: memoryview cannot cast a view with a zero in its shape
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
         if data.nbytes > INLINE_OUTPUT_LIMIT:
             arena_offset = self.output_arena.alloc(data.nbytes)
             if arena_offset is not None:
                 self.output_arena.view(arena_offset, data.nbytes)[:] = data
-                ref = m.TensorRef(tensor.name(), dtype.wire, shape, m.Where.OUTPUT_ARENA, arena_offset, data.nbytes)
+                ref = m.TensorRef(
+                    tensor.name(),
+                    dtype.wire,
+                    shape,
+                    m.Where.OUTPUT_ARENA,
+                    arena_offset,
+                    data.nbytes,
+                )
                 return ref, None
-        return m.TensorRef(tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes), data
+        return m.TensorRef(
+            tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes
+        ), data
 
     def _error_reply(self, rid: int, exc: BaseException) -> m.InferDone:
         if isinstance(exc, TritonError):

@@ -1,0 +1,74 @@
+"""Triton's model-side error types: ``pb_utils.TritonError`` and ``TritonModelException``.
+
+``TritonError`` is what a model puts in ``InferenceResponse(error=...)``; its code
+(Triton's ``TRITONSERVER_Error_Code`` values) reaches the client as the matching
+gRPC / HTTP status. ``TritonModelException`` is what pb_utils raises (and what
+models raise) for a failure inside the model.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from dlserve.errors import ErrorCode
+
+
+class TritonError(Exception):
+    """An error a model returns in an InferenceResponse (raising one works too)."""
+
+    UNKNOWN: ClassVar[int] = 0
+    INTERNAL: ClassVar[int] = 1
+    NOT_FOUND: ClassVar[int] = 2
+    INVALID_ARG: ClassVar[int] = 3
+    UNAVAILABLE: ClassVar[int] = 4
+    UNSUPPORTED: ClassVar[int] = 5
+    ALREADY_EXISTS: ClassVar[int] = 6
+    CANCELLED: ClassVar[int] = 7
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        if not isinstance(message, str):
+            raise TypeError(f"TritonError message must be a str, not {type(message).__name__}")
+        if isinstance(code, bool) or not isinstance(code, int) or code not in _CODES:
+            raise TypeError(f"TritonError code must be one of TritonError's codes, not {code!r}")
+        super().__init__(message)
+        self._message = message
+        self._code = int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def error_code(self) -> ErrorCode:
+        """The core's ErrorCode for this error's code."""
+        return _CODES[self._code]
+
+    def __str__(self) -> str:
+        return self._message
+
+
+_CODES: dict[int, ErrorCode] = {
+    TritonError.UNKNOWN: ErrorCode.UNKNOWN,
+    TritonError.INTERNAL: ErrorCode.INTERNAL,
+    TritonError.NOT_FOUND: ErrorCode.NOT_FOUND,
+    TritonError.INVALID_ARG: ErrorCode.INVALID_ARG,
+    TritonError.UNAVAILABLE: ErrorCode.UNAVAILABLE,
+    TritonError.UNSUPPORTED: ErrorCode.UNSUPPORTED,
+    TritonError.ALREADY_EXISTS: ErrorCode.ALREADY_EXISTS,
+    TritonError.CANCELLED: ErrorCode.CANCELLED,
+}
+
+
+class TritonModelException(Exception):
+    """Raised by models (and by pb_utils) for a failure inside the model."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self._message = str(message)
+
+    def message(self) -> str:
+        return self._message
+
+    def __str__(self) -> str:
+        return self._message

@@ -1,0 +1,169 @@
+"""``pb_utils.InferenceRequest`` and ``pb_utils.InferenceResponse``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dlserve.backend.errors import TritonError, TritonModelException
+from dlserve.backend.tensor import Tensor
+
+ParamValue = bool | int | float | str
+
+
+def _parameters_json(parameters: Mapping[str, Any] | str | None) -> str:
+    """Triton's JSON form of request/response parameters, checked as Triton checks them.
+
+    dlserve also takes float values (both wire protocols carry them).
+    """
+    if not parameters:
+        return "{}"
+    if isinstance(parameters, str):
+        return parameters
+    if not isinstance(parameters, Mapping):
+        raise TritonModelException(
+            f"Expect parameters to be a dict, got {type(parameters).__name__}"
+        )
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key).__name__}"
+            )
+        if not isinstance(value, bool | int | float | str):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/float/str, found type "
+                f"{type(value).__name__}"
+            )
+    return json.dumps(dict(parameters))
+
+
+def _tensors(tensors: Sequence[Tensor], what: str) -> list[Tensor]:
+    if isinstance(tensors, str | bytes) or not isinstance(tensors, Sequence):
+        raise TritonModelException(f'"{what}" must be a list.')
+    result = list(tensors)
+    for tensor in result:
+        if not isinstance(tensor, Tensor):
+            raise TritonModelException(
+                f'"{what}" must hold pb_utils.Tensor objects, found {type(tensor).__name__}'
+            )
+    return result
+
+
+class InferenceRequest:
+    """A request given to ``execute``; also the constructor of a BLS request."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        model_version: int = -1,
+        timeout: int = 0,
+        preferred_memory: object = None,
+        trace: object = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._model_name = model_name
+        self._inputs = _tensors(inputs, "inputs")
+        self._requested_output_names = list(requested_output_names)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._model_version = model_version
+        self._timeout = timeout
+        self._trace = trace
+        self._parameters = _parameters_json(parameters)
+        self._cancelled = False
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def trace(self) -> object:
+        return self._trace
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object string, as in Triton."""
+        return self._parameters
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException(
+            "get_response_sender() is only available to decoupled models, which dlserve "
+            "does not serve yet"
+        )
+
+    def set_release_flags(self, flags: int) -> None:
+        raise TritonModelException("request rescheduling (set_release_flags) is not supported yet")
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported yet")
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise TritonModelException(
+            "BLS requests (InferenceRequest.async_exec) are not supported yet"
+        )
+
+
+class InferenceResponse:
+    """What ``execute`` returns for each request: output tensors or an error."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] = (),
+        error: TritonError | str | None = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        if isinstance(error, str):
+            error = TritonError(error)
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(
+                f"InferenceResponse error must be a pb_utils.TritonError, not "
+                f"{type(error).__name__}"
+            )
+        self._output_tensors = _tensors(output_tensors, "output_tensors")
+        self._error = error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters

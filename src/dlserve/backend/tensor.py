@@ -1,0 +1,210 @@
+"""``pb_utils.Tensor``: a named tensor, exchangeable with any framework by DLPack.
+
+A Tensor made by dlserve for a request input is a view of the bytes the server
+delivered (inline in the frame or in the shared-memory arena): ``as_numpy()``
+returns that view, not a copy, and writing into it writes into the request's
+memory. A Tensor is always C-contiguous, as in Triton.
+
+``from_dlpack`` shares the producer's memory and keeps the producer alive as long
+as the Tensor (and anything exported from it) lives. It takes host memory and
+CUDA memory; a GPU tensor stays on its device through ``to_dlpack``, and is
+copied to the host only when its bytes are needed there (``as_numpy()``, or to
+send it as an output).
+
+Differences from Triton, deliberate: ``from_dlpack`` of a non-contiguous *host*
+tensor makes a contiguous copy (as ``Tensor(name, array)`` does for arrays)
+instead of raising; ``as_numpy()`` of a GPU tensor copies it to the host (with a
+one-time warning on stderr) instead of raising.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dlserve.backend import gpu
+from dlserve.backend.errors import TritonModelException
+from dlserve.tensors import dlpack, dtypes
+
+_NOT_CONTIGUOUS = (
+    "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in "
+    "C-Order are supported."
+)
+
+
+def _resolve_dtype(name: str, array: npt.NDArray[Any], dtype: str | int | None) -> dtypes.DType:
+    if dtype is None:
+        resolved = dtypes.from_numpy(array.dtype)
+    elif isinstance(dtype, str):
+        resolved = dtypes.from_wire(dtype) or dtypes.from_config(dtype)
+    else:
+        resolved = dtypes.BY_CONFIG_CODE.get(int(dtype))
+    if resolved is None:
+        what = array.dtype if dtype is None else dtype
+        raise TritonModelException(f"Tensor '{name}': NumPy dtype is not supported ({what}).")
+    return resolved
+
+
+def _storage_form(name: str, array: npt.NDArray[Any], dtype: dtypes.DType) -> npt.NDArray[Any]:
+    """The array as dtype's host storage: objects for BYTES, uint16 bits for BF16."""
+    if dtype.is_bytes:
+        return array if array.dtype == np.object_ else array.astype(np.object_)
+    if array.dtype != dtype.numpy_storage:
+        if array.dtype.itemsize != dtype.numpy_storage.itemsize:
+            raise TritonModelException(
+                f"Tensor '{name}': a {array.dtype} array cannot hold {dtype.wire} data"
+            )
+        array = array.view(dtype.numpy_storage)
+    return array
+
+
+class Tensor:
+    __slots__ = ("_array", "_dtype", "_gpu", "_keepalive", "_name")
+
+    def __init__(
+        self, name: str, numpy_array: npt.ArrayLike, dtype: str | int | None = None
+    ) -> None:
+        """``pb_utils.Tensor(name, numpy_array)``.
+
+        ``dtype`` (dlserve's addition: a wire name such as "BF16", or a TYPE_* code)
+        reinterprets the array's bytes as that type, e.g. uint16 bit patterns as BF16.
+        """
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        array = np.asarray(numpy_array)
+        resolved = _resolve_dtype(name, array, dtype)
+        array = _storage_form(name, np.ascontiguousarray(array), resolved)
+        self._name = name
+        self._array: npt.NDArray[Any] | None = array
+        self._dtype = resolved
+        self._gpu: dlpack.DLTensorInfo | None = None
+        self._keepalive: object = None
+
+    @classmethod
+    def _wrap(cls, name: str, array: npt.NDArray[Any], dtype: dtypes.DType) -> Tensor:
+        """Internal: wrap an array already in storage form, without checks or copies."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._dtype = dtype
+        tensor._gpu = None
+        tensor._keepalive = None
+        return tensor
+
+    # -- Triton's accessors --------------------------------------------------------------
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> npt.NDArray[Any]:
+        if self._dtype.wire == "BF16":
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
+                "from_dlpack() instead."
+            )
+        if self._gpu is not None:
+            gpu.warn_host_copy_once(self._name)
+        return self.storage
+
+    def shape(self) -> list[int]:
+        if self._gpu is not None:
+            return list(self._gpu.shape)
+        assert self._array is not None
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return self._dtype.config_code
+
+    def is_cpu(self) -> bool:
+        return self._gpu is None
+
+    # -- DLPack --------------------------------------------------------------------------
+    def to_dlpack(self) -> object:
+        if self._dtype.is_bytes:
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        info = self._gpu
+        if info is not None:
+            shape = info.shape
+            return dlpack.export_capsule(
+                info.ptr, shape, info.dtype, dlpack.CUDA, info.device_id, self
+            )
+        try:
+            return dlpack.capsule_from_array(self.storage, self._dtype)
+        except ValueError as exc:
+            raise TritonModelException(f"to_dlpack('{self._name}'): {exc}") from None
+
+    def __dlpack__(self, stream: int | None = None, **kwargs: Any) -> object:
+        # The data is ready: inputs are written before execute, GPU tensors are
+        # synchronized when imported. A legacy capsule is valid for any max_version.
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._gpu is not None:
+            return (dlpack.CUDA, self._gpu.device_id)
+        return (dlpack.CPU, 0)
+
+    @classmethod
+    def from_dlpack(cls, name: str, tensor: object) -> Tensor:
+        """A Tensor sharing the producer's memory; the producer lives as long as it does."""
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        info, keepalive = _import(name, tensor)
+        result = cls.__new__(cls)
+        result._name, result._dtype, result._gpu = name, info.dtype, None
+        result._keepalive = keepalive
+        if info.device_type == dlpack.CUDA:
+            if info.strides is not None:
+                raise TritonModelException(_NOT_CONTIGUOUS)
+            result._array, result._gpu = None, info
+        elif info.device_type in (dlpack.CPU, dlpack.CUDA_HOST):
+            array = dlpack.host_array(info, keepalive)
+            if info.strides is not None:
+                array = np.ascontiguousarray(array)  # a copy: the producer may go now
+                result._keepalive = None
+            result._array = array
+        else:
+            raise TritonModelException(
+                f"DLDevice type {info.device_type} is not supported by Python backend."
+            )
+        return result
+
+    # -- dlserve internals -----------------------------------------------------------------
+    @property
+    def dtype(self) -> dtypes.DType:
+        return self._dtype
+
+    @property
+    def storage(self) -> npt.NDArray[Any]:
+        """The host array holding the bytes (uint16 for BF16, objects for BYTES).
+
+        For a GPU tensor this is a host copy, made once.
+        """
+        if self._array is None:
+            assert self._gpu is not None
+            self._array = gpu.copy_to_host(self._gpu)
+        return self._array
+
+    def __repr__(self) -> str:
+        where = "cpu" if self._gpu is None else f"cuda:{self._gpu.device_id}"
+        return (
+            f"Tensor(name={self._name!r}, dtype={self._dtype.wire}, shape={self.shape()}, "
+            f"device={where})"
+        )
+
+
+def _import(name: str, tensor: object) -> tuple[dlpack.DLTensorInfo, object]:
+    """Consume a capsule, or ask a ``__dlpack__`` producer for one (synchronized)."""
+    is_capsule = type(tensor).__name__ == "PyCapsule"
+    is_producer = hasattr(tensor, "__dlpack__") and hasattr(tensor, "__dlpack_device__")
+    if not is_capsule and not is_producer:
+        raise TritonModelException(
+            "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+            "`__dlpack__` and `__dlpack_device__` attributes"
+        )
+    # stream 1 is CUDA's legacy default stream: the producer orders its pending work
+    # before it, and the host copy (when one is made) runs on it.
+    try:
+        return dlpack.import_capsule(tensor, stream=None if is_capsule else 1)
+    except (ValueError, TypeError, BufferError) as exc:
+        raise TritonModelException(f"from_dlpack('{name}'): {exc}") from None

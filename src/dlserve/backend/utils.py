@@ -1,0 +1,144 @@
+"""pb_utils' module-level helpers: lookups by name, data-type conversions, constants."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from dlserve.backend.errors import TritonModelException
+from dlserve.backend.request import InferenceRequest, InferenceResponse
+from dlserve.backend.tensor import Tensor
+from dlserve.tensors import dtypes
+
+# model_config.proto's DataType values (tests check them against dlserve's dtype table).
+TYPE_INVALID: Final = 0
+TYPE_BOOL: Final = 1
+TYPE_UINT8: Final = 2
+TYPE_UINT16: Final = 3
+TYPE_UINT32: Final = 4
+TYPE_UINT64: Final = 5
+TYPE_INT8: Final = 6
+TYPE_INT16: Final = 7
+TYPE_INT32: Final = 8
+TYPE_INT64: Final = 9
+TYPE_FP16: Final = 10
+TYPE_FP32: Final = 11
+TYPE_FP64: Final = 12
+TYPE_STRING: Final = 13
+TYPE_BF16: Final = 14
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START: Final = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END: Final = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL: Final = 1
+TRITONSERVER_REQUEST_RELEASE_ALL: Final = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: Final = 2
+
+ModelConfigLike = Mapping[str, Any] | str
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def _config_entry(model_config: ModelConfigLike, key: str, name: str) -> Any:
+    config = json.loads(model_config) if isinstance(model_config, str) else model_config
+    for entry in config.get(key, []):
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_input_config_by_name(model_config: ModelConfigLike, name: str) -> Any:
+    """The input's entry of the config dict (``json.loads(args['model_config'])``), or None."""
+    return _config_entry(model_config, "input", name)
+
+
+def get_output_config_by_name(model_config: ModelConfigLike, name: str) -> Any:
+    return _config_entry(model_config, "output", name)
+
+
+def using_decoupled_model_transaction_policy(model_config: ModelConfigLike) -> bool:
+    config = json.loads(model_config) if isinstance(model_config, str) else model_config
+    policy = config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """The numpy type of a TYPE_* value (np.object_ for TYPE_STRING); None for BF16."""
+    dtype = dtypes.BY_CONFIG_CODE.get(data_type)
+    if dtype is None or dtype.numpy is None:
+        return None
+    return dtype.numpy.type
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """The TYPE_* value of a numpy dtype or type; None when Triton has none."""
+    try:
+        dtype = dtypes.from_numpy(data_type)
+    except TypeError:
+        return None
+    return None if dtype is None else dtype.config_code
+
+
+_STRING_TO_NUMPY: Final[dict[str, Any]] = {
+    d.config: (bool if d.wire == "BOOL" else d.numpy.type)
+    for d in dtypes.ALL
+    if d.numpy is not None
+}
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """``"TYPE_FP32"`` -> ``np.float32``; raises KeyError for a name with no numpy type."""
+    return _STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] | None:
+    """Triton's BYTES wire form (4-byte little-endian length, then the bytes; C order).
+
+    As in Triton: ``()`` for an empty array, None when the array holds no bytes/objects.
+    """
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
+    return dtypes.serialize_bytes(input_tensor)
+
+
+def deserialize_bytes_tensor(
+    encoded_tensor: bytes | bytearray | memoryview | npt.NDArray[Any],
+) -> npt.NDArray[np.object_]:
+    """The flat object array of ``bytes`` that Triton's BYTES wire form holds."""
+    buffer = encoded_tensor.tobytes() if isinstance(encoded_tensor, np.ndarray) else encoded_tensor
+    try:
+        return dtypes.deserialize_bytes(buffer)
+    except ValueError as exc:
+        raise TritonModelException(str(exc)) from None
+
+
+# -- model management from model code (Triton's BLS model loading API) ----------------------
+
+
+def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+    raise TritonModelException("pb_utils.load_model is not supported yet")
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    raise TritonModelException("pb_utils.unload_model is not supported yet")
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    raise TritonModelException("pb_utils.is_model_ready is not supported yet")

@@ -1,0 +1,473 @@
+"""The HTTP frontend: KServe v2 + Triton's extensions as an ASGI app.
+
+``POST .../infer`` is the hot path: a raw ASGI callable, reached before any
+routing, that reads the body once, hands memoryview slices of it to the core and
+writes the JSON header and the output blobs without re-encoding anything. Every
+other route is a thin Starlette app. Both translate only; the service decides.
+
+Every body is bounded by ``max_input_size`` before it is read (Content-Length) and
+while it streams (chunked). A refused body is answered at once and never held in
+memory: what still arrives of it is discarded by uvicorn as it comes, so that the
+client, which may still be sending, reads the answer instead of a reset connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dlserve import errors
+from dlserve.core.service import InferenceService
+from dlserve.frontends.http import convert
+from dlserve.frontends.http.errors import error_body, error_reply
+
+log = logging.getLogger("dlserve.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+_JSON = (b"content-type", b"application/json")
+_OCTETS = (b"content-type", b"application/octet-stream")
+_JOIN_LIMIT = 64 * 1024  # below this, one joined body beats several sends
+_OPENAPI = Path(__file__).resolve().parents[4] / "docs" / "openapi.json"
+
+
+def create_http_app(service: InferenceService, max_input_size: int = 64 * 2**20) -> HttpApp:
+    """The ASGI app that serves ``service`` over HTTP."""
+    return HttpApp(service, max_input_size)
+
+
+# --- request bodies ---------------------------------------------------------------------
+
+
+class BodyRefusedError(errors.InvalidArgumentError):
+    """The body is larger than the limit: refused before (or while) it is read."""
+
+
+@dataclass(slots=True)
+class _Headers:
+    content_length: int | None = None
+    content_encoding: bytes = b""
+    accept_encoding: bytes = b""
+    header_length: bytes | None = None
+
+
+def _scan_headers(raw: list[tuple[bytes, bytes]]) -> _Headers:
+    found = _Headers()
+    for name, value in raw:
+        if name == b"content-length":
+            try:
+                found.content_length = int(value)
+            except ValueError:
+                raise errors.InvalidArgumentError(
+                    f"Unable to parse Content-Length, got: {value.decode('latin-1')}"
+                ) from None
+        elif name == b"inference-header-content-length":
+            found.header_length = value
+        elif name == b"content-encoding":
+            found.content_encoding = value.strip().lower()
+        elif name == b"accept-encoding":
+            found.accept_encoding = value.lower()
+    return found
+
+
+def _too_large(size: int, limit: int) -> BodyRefusedError:
+    return BodyRefusedError(
+        f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} "
+        "bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+async def read_body(receive: Receive, content_length: int | None, limit: int) -> bytes:
+    """The whole request body, refused unread when Content-Length is over ``limit``
+    and refused as soon as a streamed (chunked) body grows past it."""
+    if content_length is not None and content_length > limit:
+        raise _too_large(content_length, limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise errors.CancelledError("the client closed the connection")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """Undo Content-Encoding gzip or deflate; the result is bounded by ``limit`` too."""
+    if encoding in (b"", b"identity"):
+        return body
+    if encoding not in (b"gzip", b"deflate"):
+        raise errors.UnsupportedError("Unsupported compression type")
+    inflater = zlib.decompressobj(wbits=47)  # 32 + 15: zlib or gzip header, found by itself
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise errors.InvalidArgumentError(f"failed to decompress the request body: {exc}") from None
+    if len(out) <= limit and not inflater.eof:
+        raise errors.InvalidArgumentError("failed to decompress the request body: it is truncated")
+    if len(out) > limit:
+        raise errors.InvalidArgumentError(
+            f"decompressed request size exceeds the maximum allowed input size of {limit} bytes"
+        )
+    return out
+
+
+def _response_encoding(accept: bytes) -> bytes:
+    """The first of gzip / deflate that Accept-Encoding names (and does not refuse)."""
+    if not accept:
+        return b""
+    for token in accept.split(b","):
+        name, _, params = token.partition(b";")
+        name = name.strip()
+        if name in (b"gzip", b"deflate") and params.replace(b" ", b"") not in (b"q=0", b"q=0.0"):
+            return name
+    return b""
+
+
+def compress(parts: list[bytes | memoryview], encoding: bytes) -> bytes:
+    deflater = zlib.compressobj(wbits=31 if encoding == b"gzip" else 15)
+    return b"".join([*(deflater.compress(p) for p in parts), deflater.flush()])
+
+
+def _header_length(raw: bytes | None, body_length: int) -> int:
+    """Where the JSON header ends: Inference-Header-Content-Length, else the whole body."""
+    if raw is None:
+        return body_length
+    try:
+        length = int(raw)
+    except ValueError:
+        raise errors.InvalidArgumentError(
+            f"Unable to parse Inference-Header-Content-Length, got: {raw.decode('latin-1')}"
+        ) from None
+    if length < 0 or length > body_length:
+        raise errors.InvalidArgumentError(
+            f"inference header size should be in range (0, {body_length}), got: {length}"
+        )
+    if length == 0:
+        raise errors.UnsupportedError(
+            "raw binary requests (Inference-Header-Content-Length: 0) are not supported"
+        )
+    return length
+
+
+# --- the hot path -----------------------------------------------------------------------
+
+
+async def send_reply(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], parts: list[bytes | memoryview]
+) -> None:
+    total = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts)
+    headers.append((b"content-length", str(total).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    if len(parts) == 1 or total <= _JOIN_LIMIT:
+        await send({"type": "http.response.body", "body": b"".join(parts)})
+        return
+    last = len(parts) - 1
+    for index, part in enumerate(parts):
+        body = part.cast("B") if isinstance(part, memoryview) else part
+        await send({"type": "http.response.body", "body": body, "more_body": index < last})
+
+
+class InferEndpoint:
+    """``POST /v2/models/{model}[/versions/{version}]/infer`` as a raw ASGI app."""
+
+    def __init__(self, service: InferenceService, limit: int) -> None:
+        self.service = service
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope["path_params"]  # reached through the router (the fast path skips it)
+        await self.handle(params["model"], params.get("version", ""), scope, receive, send)
+
+    async def handle(
+        self, model: str, version: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        parts: list[bytes | memoryview]
+        try:
+            headers = _scan_headers(scope["headers"])
+            status, out, parts = await self._infer(model, version, headers, receive)
+        except errors.DlserveError as exc:
+            status, body = error_reply(exc)
+            out, parts = [_JSON], [body]
+        except Exception as exc:  # a bug: answer, log, keep serving
+            log.exception("infer on model '%s' failed", model)
+            status, out, parts = 500, [_JSON], [error_body(f"internal error: {exc!r}")]
+        await send_reply(send, status, out, parts)
+
+    async def _infer(
+        self, model: str, version: str, headers: _Headers, receive: Receive
+    ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:
+        body = await read_body(receive, headers.content_length, self.limit)
+        if headers.content_encoding:
+            body = decompress(body, headers.content_encoding, self.limit)
+        length = _header_length(headers.header_length, len(body))
+        request, plan = convert.parse_infer_request(body, length, model, version)
+        response = await self.service.infer(request)
+        header, blobs = convert.encode_infer_response(response, plan)
+        parts: list[bytes | memoryview] = [header, *blobs]
+        out = [_OCTETS, (b"inference-header-content-length", str(len(header)).encode())]
+        if not blobs:
+            out = [_JSON]
+        encoding = _response_encoding(headers.accept_encoding)
+        if encoding:
+            parts = [compress(parts, encoding)]
+            out.append((b"content-encoding", encoding))
+        return 200, out, parts
+
+
+# --- the other routes -------------------------------------------------------------------
+
+
+def _json(value: object, status: int = 200) -> Response:
+    return Response(convert.encode_json(value), status, media_type="application/json")
+
+
+def _versioned(path: str, endpoint: Any, methods: list[str]) -> list[Route]:
+    """A model route and its ``/versions/{version}`` twin."""
+    return [
+        Route(f"/v2/models/{{model}}{path}", endpoint, methods=methods),
+        Route(f"/v2/models/{{model}}/versions/{{version}}{path}", endpoint, methods=methods),
+    ]
+
+
+class HttpApp:
+    """The ASGI app: the infer fast path, then the Starlette router for the rest."""
+
+    def __init__(self, service: InferenceService, max_input_size: int) -> None:
+        self.service = service
+        self.limit = max_input_size
+        self.infer = InferEndpoint(service, max_input_size)
+        self.trace = TraceSettings()
+        self.router = Starlette(routes=self._routes(), exception_handlers={
+            errors.DlserveError: _dlserve_error, HTTPException: _http_error,
+        })  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                await self.infer.handle(match[1], match[2] or "", scope, receive, send)
+                return
+        await self.router(scope, receive, send)
+
+    def _routes(self) -> list[Route]:
+        get, post, both = ["GET"], ["POST"], ["GET", "POST"]
+        return [
+            Route("/v2/health/live", self.live, methods=get),
+            Route("/v2/health/ready", self.ready, methods=get),
+            Route("/v2", self.server_metadata, methods=get),
+            Route("/v2/openapi.json", self.openapi, methods=get),
+            Route("/v2/models/stats", self.stats, methods=get),
+            *_versioned("", self.model_metadata, get),
+            *_versioned("/ready", self.model_ready, get),
+            *_versioned("/config", self.model_config, get),
+            *_versioned("/stats", self.stats, get),
+            *_versioned("/infer", self.infer, post),
+            Route("/v2/models/{model}/trace/setting", self.trace_setting, methods=both),
+            Route("/v2/trace/setting", self.trace_setting, methods=both),
+            Route("/v2/repository/index", self.repository_index, methods=post),
+            Route("/v2/repository/models/{model}/load", self.load, methods=post),
+            Route("/v2/repository/models/{model}/unload", self.unload, methods=post),
+            Route("/v2/logging", self.logging, methods=both),
+            Route("/v2/systemsharedmemory/{action:path}", self.shared_memory, methods=both),
+            Route("/v2/cudasharedmemory/{action:path}", self.shared_memory, methods=both),
+        ]
+
+    async def _body(self, request: Request, what: str) -> convert.JsonObject:
+        headers = _scan_headers(request.scope["headers"])
+        body = await read_body(request.receive, headers.content_length, self.limit)
+        return convert.parse_json_object(body, what)
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.service.live() else 400)
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.service.ready() else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return _json(convert.server_metadata_json(self.service.server_metadata()))
+
+    async def openapi(self, request: Request) -> Response:
+        if not _OPENAPI.is_file():
+            raise HTTPException(404)
+        return Response(_OPENAPI.read_bytes(), media_type="application/json")
+
+    async def model_metadata(self, request: Request) -> Response:
+        name, version = _model(request)
+        return _json(convert.model_metadata_json(self.service.model_metadata(name, version)))
+
+    async def model_ready(self, request: Request) -> Response:
+        if self.service.model_ready(*_model(request)):
+            return Response(status_code=200)
+        return Response(error_body("Model version not ready"), 400, media_type="application/json")
+
+    async def model_config(self, request: Request) -> Response:
+        return _json(self.service.model_config_dict(*_model(request)))
+
+    async def stats(self, request: Request) -> Response:
+        name, version = _model(request)
+        return _json(convert.statistics_json(self.service.statistics(name, version)))
+
+    async def repository_index(self, request: Request) -> Response:
+        ready = (await self._body(request, "repository index")).get("ready", False)
+        if not isinstance(ready, bool):
+            raise errors.InvalidArgumentError("Invalid value for 'ready': expected a boolean")
+        return _json(convert.repository_index_json(self.service.repository_index(ready)))
+
+    async def load(self, request: Request) -> Response:
+        parameters = (await self._body(request, "load model")).get("parameters") or {}
+        config = None
+        for key, value in _object(parameters, "parameters").items():
+            if key.startswith("file:"):
+                raise errors.UnsupportedError(
+                    f"loading model files from a request ('{key}') is not supported"
+                )
+            if key != "config":
+                raise errors.InvalidArgumentError(f"unexpected load parameter '{key}'")
+            if not isinstance(value, str):
+                raise errors.InvalidArgumentError("Unable to parse 'config': expected a string")
+            config = value
+        await self.service.load_model(request.path_params["model"], config)
+        return Response(status_code=200, media_type="application/json")
+
+    async def unload(self, request: Request) -> Response:
+        parameters = (await self._body(request, "unload model")).get("parameters") or {}
+        dependents = _object(parameters, "parameters").get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise errors.InvalidArgumentError(
+                "Unable to parse 'unload_dependents': expected a boolean"
+            )
+        await self.service.unload_model(request.path_params["model"])
+        return Response(status_code=200, media_type="application/json")
+
+    async def logging(self, request: Request) -> Response:
+        if request.method == "GET":
+            return _json(dict(self.service.log_settings))
+        updates = _log_updates(await self._body(request, "dynamic logging"))
+        return _json(self.service.update_log_settings(updates))
+
+    async def trace_setting(self, request: Request) -> Response:
+        model = request.path_params.get("model", "")
+        if model and not self.service.model_ready(model):
+            raise errors.InvalidArgumentError(f"Request for unknown model : {model}")
+        if request.method == "POST":
+            self.trace.update(model, await self._body(request, "trace"))
+        return _json(self.trace.get(model))
+
+    async def shared_memory(self, request: Request) -> Response:
+        kind = "CUDA" if request.url.path.startswith("/v2/cuda") else "system"
+        raise errors.UnsupportedError(f"{kind} shared memory is not supported by this server yet")
+
+
+def _model(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    return params.get("model", ""), params.get("version", "")
+
+
+def _object(value: object, what: str) -> convert.JsonObject:
+    if not isinstance(value, dict):
+        raise errors.InvalidArgumentError(f"Unable to parse '{what}': expected a JSON object")
+    return value
+
+
+_LOG_TYPES: dict[str, type] = {
+    "log_info": bool, "log_warning": bool, "log_error": bool, "log_verbose_level": int,
+    "log_format": str,
+}  # fmt: skip
+
+
+def _log_updates(body: convert.JsonObject) -> dict[str, Any]:
+    """Triton's rules: null leaves a setting as it is; the log file is not remotely set."""
+    updates: dict[str, Any] = {}
+    for key, value in body.items():
+        if value is None:
+            continue
+        if key == "log_file":
+            raise errors.UnsupportedError(
+                "log file location can not be updated through network protocol"
+            )
+        expected = _LOG_TYPES.get(key, type(value))  # unknown keys: the service decides
+        if type(value) is not expected or (isinstance(value, int) and value < 0):
+            raise errors.InvalidArgumentError(f"invalid value for '{key}': {value!r}")
+        if key == "log_format" and value not in ("default", "ISO8601"):
+            raise errors.InvalidArgumentError(f"invalid argument for --log_format, got: {value}")
+        updates[key] = value
+    return updates
+
+
+class TraceSettings:
+    """Trace settings, global and per model, kept in memory (nothing is traced yet)."""
+
+    DEFAULTS: dict[str, Any] = {
+        "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+        "log_frequency": "0", "trace_file": "", "trace_mode": "triton",
+    }  # fmt: skip
+    SETTABLE = ("trace_level", "trace_rate", "trace_count", "log_frequency")
+
+    def __init__(self) -> None:
+        self.globals: dict[str, Any] = dict(self.DEFAULTS)
+        self.models: dict[str, dict[str, Any]] = {}
+
+    def get(self, model: str) -> dict[str, Any]:
+        return {**self.globals, **self.models.get(model, {})}
+
+    def update(self, model: str, body: convert.JsonObject) -> None:
+        """Triton's rules: null resets a setting (a model's: to the global one)."""
+        if "trace_file" in body:
+            raise errors.UnsupportedError(
+                "trace file location can not be updated through network protocol"
+            )
+        target = self.models.setdefault(model, {}) if model else self.globals
+        for key in self.SETTABLE:
+            if key not in body:
+                continue
+            if body[key] is not None:
+                target[key] = _trace_value(key, body[key])
+            elif model:
+                target.pop(key, None)
+            else:
+                target[key] = self.DEFAULTS[key]
+
+
+def _trace_value(key: str, value: object) -> object:
+    if key == "trace_level":
+        levels = value if isinstance(value, list) else []
+        known = all(level in ("OFF", "TIMESTAMPS", "TENSORS") for level in levels)
+        if not levels or not known or ("OFF" in levels and len(levels) > 1):
+            raise errors.InvalidArgumentError(f"Unable to parse 'trace_level', got: {value!r}")
+        return list(levels)
+    text = str(value) if type(value) in (str, int) else ""
+    if not re.fullmatch(r"-?[0-9]+", text) or (text[0] == "-" and key != "trace_count"):
+        raise errors.InvalidArgumentError(f"Unable to parse '{key}', got: {value!r}")
+    return text
+
+
+async def _dlserve_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, errors.DlserveError)
+    status, body = error_reply(exc)
+    return Response(body, status, media_type="application/json")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return Response(error_body(exc.detail), exc.status_code, media_type="application/json")

@@ -1,0 +1,108 @@
+"""pb_utils.InferenceRequest / InferenceResponse / TritonError / TritonModelException."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dlserve import backend as pb_utils
+from dlserve.errors import ErrorCode
+
+
+def test_request_accessors() -> None:
+    tensor = pb_utils.Tensor("INPUT0", np.zeros(2, np.float32))
+    request = pb_utils.InferenceRequest(
+        model_name="m",
+        inputs=[tensor],
+        requested_output_names=["OUTPUT0"],
+        request_id="r1",
+        correlation_id="c7",
+        flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        model_version=3,
+        timeout=5,
+        parameters={"a": 1, "b": "x", "c": True, "d": 0.5},
+    )
+    assert request.inputs() == [tensor]
+    assert request.requested_output_names() == ["OUTPUT0"]
+    assert request.request_id() == "r1"
+    assert request.correlation_id() == "c7"
+    assert request.flags() == 1
+    assert (request.model_name(), request.model_version(), request.timeout()) == ("m", 3, 5)
+    assert json.loads(request.parameters()) == {"a": 1, "b": "x", "c": True, "d": 0.5}
+    assert not request.is_cancelled()
+    assert pb_utils.get_input_tensor_by_name(request, "INPUT0") is tensor
+    assert pb_utils.get_input_tensor_by_name(request, "NOPE") is None
+    request.set_flags(2)
+    assert request.flags() == 2
+
+
+def test_request_refusals() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
+        pb_utils.InferenceRequest(model_name="m", correlation_id=1.5)  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException, match="keys to have type str"):
+        pb_utils.InferenceRequest(model_name="m", parameters={1: "x"})
+    with pytest.raises(pb_utils.TritonModelException, match="bool/int/float/str"):
+        pb_utils.InferenceRequest(model_name="m", parameters={"x": [1]})
+    with pytest.raises(pb_utils.TritonModelException, match="not supported yet"):
+        pb_utils.InferenceRequest(model_name="m").exec()
+
+
+def test_response_with_outputs_and_parameters() -> None:
+    out = pb_utils.Tensor("OUTPUT0", np.ones(1, np.int32))
+    response = pb_utils.InferenceResponse(output_tensors=[out], parameters={"k": "v"})
+    assert response.output_tensors() == [out]
+    assert not response.has_error()
+    assert response.error() is None
+    assert json.loads(response.parameters()) == {"k": "v"}
+    assert pb_utils.get_output_tensor_by_name(response, "OUTPUT0") is out
+    assert pb_utils.get_output_tensor_by_name(response, "OTHER") is None
+
+
+def test_response_with_error() -> None:
+    error = pb_utils.TritonError("missing", pb_utils.TritonError.NOT_FOUND)
+    response = pb_utils.InferenceResponse(error=error)
+    assert response.has_error()
+    assert response.error() is error
+    assert response.output_tensors() == []
+
+
+def test_response_refusals() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="must be a list"):
+        pb_utils.InferenceResponse(output_tensors="OUTPUT0")  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException, match=r"pb_utils\.Tensor objects"):
+        pb_utils.InferenceResponse(output_tensors=[np.zeros(1)])  # type: ignore[list-item]
+    with pytest.raises(pb_utils.TritonModelException, match="TritonError"):
+        pb_utils.InferenceResponse(error=ValueError("x"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "code"),
+    [
+        ("UNKNOWN", 0, ErrorCode.UNKNOWN),
+        ("INTERNAL", 1, ErrorCode.INTERNAL),
+        ("NOT_FOUND", 2, ErrorCode.NOT_FOUND),
+        ("INVALID_ARG", 3, ErrorCode.INVALID_ARG),
+        ("UNAVAILABLE", 4, ErrorCode.UNAVAILABLE),
+        ("UNSUPPORTED", 5, ErrorCode.UNSUPPORTED),
+        ("ALREADY_EXISTS", 6, ErrorCode.ALREADY_EXISTS),
+        ("CANCELLED", 7, ErrorCode.CANCELLED),
+    ],
+)
+def test_triton_error_codes_are_tritons(name: str, value: int, code: ErrorCode) -> None:
+    assert getattr(pb_utils.TritonError, name) == value  # TRITONSERVER_Error_Code values
+    error = pb_utils.TritonError("m", value)
+    assert (error.code(), error.message(), str(error)) == (value, "m", "m")
+    assert error.error_code() == code
+
+
+def test_triton_error_defaults_to_internal_and_checks_its_code() -> None:
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+    with pytest.raises(TypeError):
+        pb_utils.TritonError("x", 42)
+
+
+def test_triton_model_exception_message() -> None:
+    exc = pb_utils.TritonModelException("went wrong")
+    assert (str(exc), exc.message()) == ("went wrong", "went wrong")

@@ -1,0 +1,662 @@
+"""The HTTP frontend end to end: a real dlserve, the unmodified tritonclient.http, and raw
+HTTP (http.client, sockets) for what a well-behaved client never sends."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import EXAMPLES, RunningServer, run_server
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 1 << 20  # --http-max-input-size of the explicit-mode server
+
+
+# --- fixtures and helpers ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(example_server: RunningServer) -> Iterator[httpclient.InferenceServerClient]:
+    c = httpclient.InferenceServerClient(example_server.http_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """add_sub in a repository of its own, explicit control mode, a small input limit."""
+    repository = tmp_path_factory.mktemp("http_repo")
+    shutil.copytree(EXAMPLES / "add_sub", repository / "add_sub")
+    extra = ("--model-control-mode", "explicit", "--http-max-input-size", str(LIMIT))
+    with run_server(repository, *extra) as server:
+        yield server
+
+
+def raw(
+    server: RunningServer,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def error_of(
+    server: RunningServer,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    status, got, content = raw(server, method, path, body, headers)
+    assert got["content-type"] == "application/json"
+    return status, json.loads(content)["error"]
+
+
+def still_serving(server: RunningServer) -> None:
+    assert server.alive()
+    assert raw(server, "GET", "/v2/health/live")[0] == 200
+
+
+def add_sub_inputs(a: np.ndarray, b: np.ndarray, binary: bool) -> list[httpclient.InferInput]:
+    inputs = []
+    for name, value in (("INPUT0", a), ("INPUT1", b)):
+        tensor = httpclient.InferInput(name, list(value.shape), "FP32")
+        tensor.set_data_from_numpy(value, binary_data=binary)
+        inputs.append(tensor)
+    return inputs
+
+
+def json_infer(**header: Any) -> bytes:
+    return json.dumps(header).encode()
+
+
+def fp32_input(name: str, values: list[float], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "datatype": "FP32", "shape": [len(values)], "data": values, **extra}
+
+
+A = np.array([1.0, 2.5, -3.0, 4.0], np.float32)
+B = np.array([0.5, 0.5, 1.0, -4.0], np.float32)
+
+
+# --- health and metadata ----------------------------------------------------------------------
+
+
+def test_health(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+
+
+def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
+    meta = client.get_server_metadata()
+    assert meta["name"] == "dlserve"
+    assert {"binary_tensor_data", "statistics", "model_repository"} <= set(meta["extensions"])
+
+
+@pytest.mark.parametrize("version", ["", "1"])
+def test_model_metadata_and_config(client: httpclient.InferenceServerClient, version: str) -> None:
+    meta = client.get_model_metadata("add_sub", version)
+    assert meta["name"] == "add_sub" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [-1]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [-1]},
+    ]
+    config = client.get_model_config("add_sub", version)
+    assert config["name"] == "add_sub"
+    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
+    assert client.is_model_ready("add_sub", version)
+
+
+def test_model_ready_for_unknown_model_and_version(example_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(example_server.http_url)
+    assert not client.is_model_ready("no_such_model")
+    assert not client.is_model_ready("add_sub", "7")
+    assert error_of(example_server, "GET", "/v2/models/nope/ready") == (
+        400,
+        "Model version not ready",
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/v2/models/no_such_model", 404, "no_such_model"),
+        ("/v2/models/add_sub/versions/7", 404, "version 7"),
+        ("/v2/models/no_such_model/config", 404, "no_such_model"),
+        ("/v2/models/no_such_model/stats", 404, "no_such_model"),
+        ("/v2/nothing/here", 404, "Not Found"),
+    ],
+)
+def test_unknown_things_are_not_found(
+    example_server: RunningServer, path: str, status: int, message: str
+) -> None:
+    got_status, error = error_of(example_server, "GET", path)
+    assert got_status == status and message in error
+    still_serving(example_server)
+
+
+def test_wrong_method(example_server: RunningServer) -> None:
+    assert error_of(example_server, "GET", "/v2/models/add_sub/infer") == (
+        405,
+        "Method Not Allowed",
+    )
+    assert error_of(example_server, "POST", "/v2/health/live")[0] == 405
+
+
+# --- inference ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary_in", [True, False])
+@pytest.mark.parametrize("binary_out", [True, False, None])
+def test_add_sub(
+    client: httpclient.InferenceServerClient, binary_in: bool, binary_out: bool | None
+) -> None:
+    outputs = None
+    if binary_out is not None:
+        outputs = [
+            httpclient.InferRequestedOutput(n, binary_data=binary_out)
+            for n in ("OUTPUT0", "OUTPUT1")
+        ]
+    result = client.infer(
+        "add_sub", add_sub_inputs(A, B, binary_in), outputs=outputs, request_id="req-7"
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+    response = result.get_response()
+    assert response["id"] == "req-7" and response["model_version"] == "1"
+    has_data = ["data" in o for o in response["outputs"]]
+    assert has_data == [binary_out is False] * 2  # no outputs named: binary_data_output
+
+
+def test_only_the_requested_output(client: httpclient.InferenceServerClient) -> None:
+    outputs = [httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    result = client.infer("add_sub", add_sub_inputs(A, B, True), outputs=outputs, model_version="1")
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT1"]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+@pytest.mark.parametrize("request_algorithm", [None, "gzip", "deflate"])
+@pytest.mark.parametrize("response_algorithm", [None, "gzip", "deflate"])
+def test_compression(
+    client: httpclient.InferenceServerClient,
+    request_algorithm: str | None,
+    response_algorithm: str | None,
+) -> None:
+    big = np.arange(4096, dtype=np.float32)
+    result = client.infer(
+        "add_sub",
+        add_sub_inputs(big, big, True),
+        request_compression_algorithm=request_algorithm,
+        response_compression_algorithm=response_algorithm,
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), big * 2)
+
+
+def test_response_is_compressed_when_asked(example_server: RunningServer) -> None:
+    body = json_infer(inputs=[fp32_input("INPUT0", [1.0] * 64), fp32_input("INPUT1", [1.0] * 64)])
+    status, headers, content = raw(
+        example_server, "POST", "/v2/models/add_sub/infer", body, {"Accept-Encoding": "gzip"}
+    )
+    assert status == 200 and headers["content-encoding"] == "gzip"
+    assert json.loads(gzip.decompress(content))["outputs"][0]["data"] == [2.0] * 64
+
+
+IDENTITY_TYPES = {
+    "bool": ("BOOL", np.array([True, False, True])),
+    "uint8": ("UINT8", np.array([0, 7, 255], np.uint8)),
+    "uint16": ("UINT16", np.array([0, 65535], np.uint16)),
+    "uint32": ("UINT32", np.array([0, 2**32 - 1], np.uint32)),
+    "uint64": ("UINT64", np.array([0, 2**64 - 1], np.uint64)),
+    "int8": ("INT8", np.array([-128, 0, 127], np.int8)),
+    "int16": ("INT16", np.array([-32768, 32767], np.int16)),
+    "int32": ("INT32", np.array([-(2**31), 5], np.int32)),
+    "int64": ("INT64", np.array([-(2**63), 2**63 - 1], np.int64)),
+    "fp16": ("FP16", np.array([0.5, -65504, 3.140625], np.float16)),
+    "fp32": ("FP32", np.array([0.1, -2.5, 1e30], np.float32)),
+    "fp64": ("FP64", np.array([0.1, -1e300], np.float64)),
+    "bf16": ("BF16", np.array([1.5, -2.0, 3.140625], ml_dtypes.bfloat16)),
+    "bytes": ("BYTES", np.array([b"abc", b"", "d\u00e9j\u00e0".encode()], np.object_)),
+}
+
+
+def _identity_input(
+    client: httpclient.InferenceServerClient,
+    model: str,
+    value: np.ndarray,
+    datatype: str,
+    binary: bool,
+) -> httpclient.InferInput:
+    batched = len(client.get_model_metadata(model)["inputs"][0]["shape"]) == 2
+    value = value.reshape(1, -1) if batched else value
+    tensor = httpclient.InferInput("INPUT0", list(value.shape), datatype)
+    tensor.set_data_from_numpy(value, binary_data=binary)
+    return tensor
+
+
+@pytest.mark.parametrize(
+    ("kind", "binary"),
+    # tritonclient sends BF16 inputs as binary only: test_bf16_json sends them as JSON
+    [(k, b) for k in sorted(IDENTITY_TYPES) for b in (True, False) if (k, b) != ("bf16", False)],
+)
+def test_identity_round_trip(
+    client: httpclient.InferenceServerClient, kind: str, binary: bool
+) -> None:
+    model = f"identity_{kind}"
+    datatype, value = IDENTITY_TYPES[kind]
+    tensor = _identity_input(client, model, value, datatype, binary)
+    output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
+    result = client.infer(model, [tensor], outputs=[output])
+    got = result.as_numpy("OUTPUT0").reshape(-1)
+    if datatype == "BYTES" and not binary:  # JSON carries strings: tritonclient gives str
+        got = np.array([s.encode() for s in got], np.object_)
+    np.testing.assert_array_equal(got, value)
+    assert result.get_response()["outputs"][0]["datatype"] == datatype
+
+
+def test_bf16_json(example_server: RunningServer) -> None:
+    """BF16 as JSON numbers, both ways (Triton refuses this; dlserve accepts it)."""
+    body = json_infer(
+        inputs=[{"name": "INPUT0", "datatype": "BF16", "shape": [3], "data": [1.5, -2.0, 3.14159]}]
+    )
+    status, _, content = raw(example_server, "POST", "/v2/models/identity_bf16/infer", body)
+    assert status == 200, content
+    assert json.loads(content)["outputs"][0]["data"] == [1.5, -2.0, 3.140625]
+
+
+def test_json_data_nested(example_server: RunningServer) -> None:
+    body = json_infer(
+        inputs=[{"name": "INPUT0", "datatype": "INT32", "shape": [4], "data": [[1, 2], [3, 4]]}]
+    )
+    status, _, content = raw(example_server, "POST", "/v2/models/identity_int32/infer", body)
+    assert status == 200, content
+    assert json.loads(content)["outputs"][0] == {
+        "name": "OUTPUT0",
+        "datatype": "INT32",
+        "shape": [4],
+        "data": [1, 2, 3, 4],
+    }
+
+
+# --- statistics, repository, logging, trace, shared memory ---------------------------------------
+
+
+def test_statistics(client: httpclient.InferenceServerClient) -> None:
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_count"]
+    client.infer("add_sub", add_sub_inputs(A, B, True))
+    stats = client.get_inference_statistics("add_sub", "1")["model_stats"]
+    assert [(s["name"], s["version"]) for s in stats] == [("add_sub", "1")]
+    assert stats[0]["inference_count"] == before + 1
+    assert stats[0]["inference_stats"]["success"]["count"] >= 1
+    every = client.get_inference_statistics()["model_stats"]
+    assert "add_sub" in {s["name"] for s in every}
+
+
+def test_repository_index(
+    client: httpclient.InferenceServerClient, example_server: RunningServer
+) -> None:
+    index = client.get_model_repository_index()
+    assert {"name": "add_sub", "version": "1", "state": "READY"} in index
+    status, _, content = raw(example_server, "POST", "/v2/repository/index", b'{"ready": true}')
+    assert status == 200 and all(row["state"] == "READY" for row in json.loads(content))
+    assert error_of(example_server, "POST", "/v2/repository/index", b'{"ready": 1}') == (
+        400,
+        "Invalid value for 'ready': expected a boolean",
+    )
+
+
+def test_load_and_unload_need_explicit_mode(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("add_sub")
+    assert info.value.status() == "503"
+    assert "explicit model load / unload is not allowed" in info.value.message()
+
+
+def test_load_unload_and_load_with_config(explicit_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url)
+    assert client.get_model_repository_index() == [{"name": "add_sub"}]
+    assert not client.is_model_ready("add_sub")
+    client.load_model("add_sub")
+    assert client.is_model_ready("add_sub")
+    result = client.infer("add_sub", add_sub_inputs(A, B, True))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    config = client.get_model_config("add_sub")
+    config["parameters"] = {"marker": {"string_value": "over http"}}
+    client.load_model("add_sub", config=json.dumps(config))
+    assert client.get_model_config("add_sub")["parameters"]["marker"]["string_value"] == "over http"
+    client.unload_model("add_sub", unload_dependents=False)
+    assert not client.is_model_ready("add_sub")
+    with pytest.raises(InferenceServerException):
+        client.infer("add_sub", add_sub_inputs(A, B, True))
+    client.load_model("add_sub")
+    assert client.is_model_ready("add_sub")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b'{"parameters": {"config": 5}}', 400, "Unable to parse 'config'"),
+        (b'{"parameters": {"file:1/model.py": "eA=="}}', 501, "not supported"),
+        (b'{"parameters": {"config": "{not json"}}', 400, ""),
+        (b"{", 400, "failed to parse the load model request JSON"),
+    ],
+)
+def test_bad_load_requests(
+    explicit_server: RunningServer, body: bytes, status: int, message: str
+) -> None:
+    got = error_of(explicit_server, "POST", "/v2/repository/models/add_sub/load", body)
+    assert got[0] == status and message in got[1]
+    still_serving(explicit_server)
+
+
+def test_log_settings(
+    client: httpclient.InferenceServerClient, example_server: RunningServer
+) -> None:
+    settings = client.get_log_settings()
+    assert {
+        "log_file",
+        "log_info",
+        "log_warning",
+        "log_error",
+        "log_verbose_level",
+        "log_format",
+    } <= set(settings)
+    updated = client.update_log_settings({"log_verbose_level": 1, "log_info": None})
+    assert updated["log_verbose_level"] == 1 and updated["log_info"] == settings["log_info"]
+    assert client.get_log_settings()["log_verbose_level"] == 1
+    client.update_log_settings({"log_verbose_level": settings["log_verbose_level"]})
+    assert error_of(example_server, "POST", "/v2/logging", b'{"log_file": "/tmp/x"}')[0] == 501
+    assert error_of(example_server, "POST", "/v2/logging", b'{"log_info": "yes"}')[0] == 400
+    assert error_of(example_server, "POST", "/v2/logging", b'{"log_format": "xml"}')[0] == 400
+
+
+def test_trace_settings(
+    client: httpclient.InferenceServerClient, example_server: RunningServer
+) -> None:
+    assert client.get_trace_settings()["trace_level"] == ["OFF"]
+    updated = client.update_trace_settings(settings={"trace_rate": "7"})
+    assert updated["trace_rate"] == "7"
+    model = client.update_trace_settings("add_sub", {"trace_level": ["TIMESTAMPS"]})
+    assert model["trace_level"] == ["TIMESTAMPS"] and model["trace_rate"] == "7"
+    assert client.get_trace_settings()["trace_level"] == ["OFF"]
+    cleared = client.update_trace_settings("add_sub", {"trace_level": None})
+    assert cleared["trace_level"] == ["OFF"]
+    client.update_trace_settings(settings={"trace_rate": None})
+    assert client.get_trace_settings()["trace_rate"] == "1000"
+    assert error_of(example_server, "POST", "/v2/trace/setting", b'{"trace_file": "x"}')[0] == 501
+    assert (
+        error_of(example_server, "POST", "/v2/trace/setting", b'{"trace_level": ["LOUD"]}')[0]
+        == 400
+    )
+    assert error_of(example_server, "GET", "/v2/models/nope/trace/setting")[0] == 400
+
+
+def test_shared_memory_is_not_supported_yet(client: httpclient.InferenceServerClient) -> None:
+    calls = [
+        client.get_system_shared_memory_status,
+        client.unregister_system_shared_memory,
+        lambda: client.register_system_shared_memory("r", "/key", 64),
+        client.get_cuda_shared_memory_status,
+        client.unregister_cuda_shared_memory,
+        lambda: client.register_cuda_shared_memory("r", b"handle", 0, 64),
+    ]
+    for call in calls:
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert info.value.status() == "501"
+        assert "shared memory is not supported" in info.value.message()
+
+
+def test_openapi_document(example_server: RunningServer) -> None:
+    status, _, content = raw(example_server, "GET", "/v2/openapi.json")
+    assert status == 200
+    document = json.loads(content)
+    assert document == json.loads((ROOT / "docs" / "openapi.json").read_text())
+    for path in (
+        "/v2/health/live",
+        "/v2/models/{model}/infer",
+        "/v2/repository/index",
+        "/v2/logging",
+        "/v2/trace/setting",
+        "/v2/models/stats",
+    ):
+        assert path in document["paths"]
+
+
+# --- errors: the request fails, the server goes on -----------------------------------------------
+
+INFER = "/v2/models/add_sub/infer"
+
+
+def test_malformed_json(example_server: RunningServer) -> None:
+    status, message = error_of(example_server, "POST", INFER, b'{"inputs": [')
+    assert status == 400 and message.startswith("failed to parse the request JSON buffer")
+    still_serving(example_server)
+
+
+def test_binary_body_shorter_than_its_header_says(example_server: RunningServer) -> None:
+    header = json_infer(
+        inputs=[
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [4],
+                "parameters": {"binary_data_size": 16},
+            },
+            {
+                "name": "INPUT1",
+                "datatype": "FP32",
+                "shape": [4],
+                "parameters": {"binary_data_size": 16},
+            },
+        ]
+    )
+    body = header + A.tobytes() + B.tobytes()[:10]
+    status, message = error_of(
+        example_server, "POST", INFER, body, {"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert status == 400
+    assert (
+        message
+        == "unexpected size for input 'INPUT1', expecting 6 additional bytes for model 'add_sub'"
+    )
+    still_serving(example_server)
+
+
+def test_inference_header_longer_than_the_body(example_server: RunningServer) -> None:
+    body = json_infer(inputs=[fp32_input("INPUT0", [1.0]), fp32_input("INPUT1", [1.0])])
+    status, message = error_of(
+        example_server, "POST", INFER, body, {"Inference-Header-Content-Length": str(len(body) + 1)}
+    )
+    assert (status, message) == (
+        400,
+        f"inference header size should be in range (0, {len(body)}), got: {len(body) + 1}",
+    )
+    still_serving(example_server)
+
+
+def test_unknown_content_encoding(example_server: RunningServer) -> None:
+    assert error_of(example_server, "POST", INFER, b"xx", {"Content-Encoding": "br"}) == (
+        501,
+        "Unsupported compression type",
+    )
+    status, message = error_of(example_server, "POST", INFER, b"xx", {"Content-Encoding": "gzip"})
+    assert status == 400 and "failed to decompress" in message
+
+
+@pytest.mark.parametrize(
+    ("path", "inputs", "status", "message"),
+    [
+        ("/v2/models/nope/infer", None, 404, "Request for unknown model: 'nope'"),
+        ("/v2/models/add_sub/versions/9/infer", None, 404, "version 9"),
+        (
+            INFER,
+            [fp32_input("INPUT0", [1.0]), fp32_input("INPUT9", [1.0])],
+            400,
+            "unexpected inference input 'INPUT9'",
+        ),
+        (
+            INFER,
+            [
+                fp32_input("INPUT0", [1.0]),
+                {"name": "INPUT1", "datatype": "INT32", "shape": [1], "data": [1]},
+            ],
+            400,
+            "inference input 'INPUT1' data-type is 'INT32', but model 'add_sub' expects 'FP32'",
+        ),
+        (
+            INFER,
+            [
+                fp32_input("INPUT0", [1.0, 2.0, 3.0, 4.0]) | {"shape": [2, 2]},
+                fp32_input("INPUT1", [1.0, 2.0, 3.0, 4.0]) | {"shape": [2, 2]},
+            ],
+            400,
+            "unexpected shape for input 'INPUT0'",
+        ),
+        (INFER, [fp32_input("INPUT0", [1.0])], 400, "missing required input(s) ['INPUT1']"),
+        (
+            INFER,
+            [fp32_input("INPUT0", [1.0, 2.0]) | {"shape": [3]}, fp32_input("INPUT1", [1.0])],
+            400,
+            "shape [3] has 3 elements, 'data' has 2",
+        ),
+    ],
+)
+def test_bad_infer_requests(
+    example_server: RunningServer,
+    path: str,
+    inputs: list[dict[str, Any]] | None,
+    status: int,
+    message: str,
+) -> None:
+    body = json_infer(inputs=inputs or [fp32_input("INPUT0", [1.0]), fp32_input("INPUT1", [1.0])])
+    got_status, got = error_of(example_server, "POST", path, body)
+    assert got_status == status and message in got
+    still_serving(example_server)
+
+
+def test_bad_infer_through_tritonclient(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("no_such_model", add_sub_inputs(A, B, True))
+    assert info.value.status() == "404"
+    assert "no_such_model" in info.value.message()
+    assert client.is_server_live()
+
+
+def _read_response(sock: socket.socket) -> tuple[int, bytes]:
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    return response.status, response.read()
+
+
+def test_oversize_body_is_refused_by_its_content_length(explicit_server: RunningServer) -> None:
+    """A 2 GiB body is answered after its first bytes: the server does not wait to read it."""
+    claimed = 2 * 1024**3
+    with socket.create_connection(("127.0.0.1", explicit_server.http_port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            b'Content-Length: %d\r\n\r\n{"inputs": [' % claimed
+        )
+        status, body = _read_response(sock)  # times out (fails) if the server waits
+    assert status == 400
+    assert json.loads(body)["error"].startswith(
+        f"request JSON size of {claimed} bytes exceeds the maximum allowed input size of "
+        f"{LIMIT} bytes"
+    )
+    still_serving(explicit_server)
+
+
+def test_oversize_chunked_body_is_refused_while_streaming(explicit_server: RunningServer) -> None:
+    chunk = b"x" * 65536
+    with socket.create_connection(("127.0.0.1", explicit_server.http_port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in range(LIMIT // len(chunk) + 1):  # one chunk past the limit, then stop sending
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        status, body = _read_response(sock)
+    assert status == 400
+    assert "exceeds the maximum allowed input size of" in json.loads(body)["error"]
+    still_serving(explicit_server)
+
+
+def test_oversize_body_from_tritonclient_gets_the_message(explicit_server: RunningServer) -> None:
+    """The client sends all of its body before it reads: it must read the 400, not a reset."""
+    client = httpclient.InferenceServerClient(explicit_server.http_url)
+    big = np.ones(LIMIT // 4, np.float32)  # two inputs: twice the limit
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("add_sub", add_sub_inputs(big, big, True))
+    assert info.value.status() == "400"
+    assert info.value.message().startswith("request JSON size of")
+    still_serving(explicit_server)
+
+
+def test_body_within_the_limit_is_served(explicit_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.http_url)
+    client.load_model("add_sub")
+    big = np.ones(LIMIT // 16, np.float32)  # two inputs: half the limit
+    result = client.infer("add_sub", add_sub_inputs(big, big, True))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), big * 2)
+
+
+# --- errors raised by models, with their codes (tests/models) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(0, 400), (1, 500), (2, 404), (3, 400), (4, 503), (5, 501), (6, 400), (7, 400)],
+)
+def test_model_error_codes_become_tritons_statuses(
+    test_server: RunningServer, code: int, status: int
+) -> None:
+    body = json_infer(inputs=[{"name": "CODE", "datatype": "INT32", "shape": [1], "data": [code]}])
+    got = error_of(test_server, "POST", "/v2/models/returns_error/infer", body)
+    assert got == (status, f"returns_error: code {code} on purpose")
+    still_serving(test_server)
+
+
+def test_model_that_raises(test_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(test_server.http_url)
+    tensor = httpclient.InferInput("INPUT0", [2], "FP32")
+    tensor.set_data_from_numpy(np.ones(2, np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("raises", [tensor])
+    assert info.value.status() == "500"
+    assert "raises: execute failed on purpose" in info.value.message()
+    still_serving(test_server)
+
+
+@pytest.mark.parametrize("version", ["1", "3"])
+def test_versioned_routes(test_server: RunningServer, version: str) -> None:
+    """tests/models/versioned serves versions 1 and 3 of 1, 2, 3 (a specific policy)."""
+    client = httpclient.InferenceServerClient(test_server.http_url)
+    assert client.is_model_ready("versioned", version)
+    assert client.get_model_metadata("versioned", version)["versions"] == ["1", "3"]
+    stats = client.get_inference_statistics("versioned", version)["model_stats"]
+    assert [s["version"] for s in stats] == [version]
+
+
+def test_version_not_served(test_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(test_server.http_url)
+    assert not client.is_model_ready("versioned", "2")
+    status, message = error_of(test_server, "GET", "/v2/models/versioned/versions/2")
+    assert status == 404 and "version 2" in message
