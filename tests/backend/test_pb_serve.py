@@ -49,9 +49,10 @@ _names = itertools.count()
 class Server:
     """The server's end: metric frames go to the real CustomMetrics, replies come back."""
 
-    def __init__(self, sock: socket.socket, arena: ShmSegment) -> None:
+    def __init__(self, sock: socket.socket, arena: ShmSegment, outputs: ShmSegment) -> None:
         self.channel: BlockingChannel[m.WorkerToServer] = BlockingChannel(sock, codec.to_server)
         self.arena = arena
+        self.outputs = outputs
         self.metrics = CustomMetrics()
         self.on_call: Callable[[], None] = lambda: None
 
@@ -73,7 +74,7 @@ class Server:
                 model_name=name, model_version=1, repository=str(model_file.parents[2]),
                 model_path=str(model_file.parents[1]), model_file=str(model_file),
                 config_json=json.dumps(config), instance_name=f"{name}_0", instance_kind=kind,
-                device_id=0, input_arena=self.arena.name,
+                device_id=0,
             )
         )  # fmt: skip
         loaded, _ = self.next_frame()
@@ -87,21 +88,27 @@ class Server:
 
 @pytest.fixture
 def server() -> Iterator[Server]:
-    arena = ShmSegment(f"dlserve_test_{os.getpid()}_{next(_names)}_in", 16 << 20, create=True)
+    name = f"dlserve_test_{next(_names)}"
+    arena = ShmSegment.anonymous(f"{name}_in", 16 << 20)
+    outputs = ShmSegment.anonymous(f"{name}_out", 16 << 20)
+    assert arena.fd is not None and outputs.fd is not None
+    theirs_arenas = (
+        ShmSegment.from_fd(os.dup(arena.fd), arena.name),
+        ShmSegment.from_fd(os.dup(outputs.fd), outputs.name),
+    )
     ours, theirs = socket.socketpair()
     install_pb_utils()
-    thread = threading.Thread(
-        target=serve, args=(BlockingChannel(theirs, codec.to_worker),), daemon=True
-    )
+    channel = BlockingChannel(theirs, codec.to_worker)
+    thread = threading.Thread(target=serve, args=(channel, theirs_arenas), daemon=True)
     thread.start()
     try:
-        yield Server(ours, arena)
+        yield Server(ours, arena, outputs)
     finally:
         ours.close()
         thread.join(timeout=30)
         theirs.close()
         arena.close()
-        arena.unlink()
+        outputs.close()
 
 
 def infer(rid: int) -> m.Infer:
@@ -148,7 +155,7 @@ def test_the_double_example_on_its_instance_kind(server: Server, kind: str) -> N
         "name": "double", "input": [], "output": [],
         "parameters": {"force_gpu_tensors": {"string_value": "True"}},
     }  # fmt: skip
-    loaded = server.load(EXAMPLES / "double" / "1" / "model.py", config, kind)
+    server.load(EXAMPLES / "double" / "1" / "model.py", config, kind)
     image = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
     server.arena.buffer[: image.nbytes] = image.tobytes()
     ref = m.TensorRef("INPUT_0", "FP32", list(image.shape), m.Where.INPUT_ARENA, 0, image.nbytes)
@@ -158,9 +165,7 @@ def test_the_double_example_on_its_instance_kind(server: Server, kind: str) -> N
     (out,) = done.outputs
     assert (out.name, out.datatype, out.shape) == ("OUTPUT_0", "FP32", [1, 3, 224, 224])
     if out.where == m.Where.OUTPUT_ARENA:
-        arena = ShmSegment(loaded.output_arena, 0, create=False)
-        data = bytes(arena.buffer[out.offset : out.offset + out.nbytes])
-        arena.close()
+        data = bytes(server.outputs.buffer[out.offset : out.offset + out.nbytes])
     else:
         data = bytes(payload[out.offset : out.offset + out.nbytes])
     np.testing.assert_array_equal(np.frombuffer(data, np.float32).reshape(image.shape), image * 2)

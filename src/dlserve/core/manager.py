@@ -158,7 +158,6 @@ class ModelManager:
             instance_name="",
             instance_kind="CPU",
             device_id=0,
-            input_arena="",
             autocomplete=autocomplete,
             initialize=not autocomplete,
         )
@@ -169,7 +168,6 @@ class ModelManager:
         template = self._template(source, version, raw, autocomplete=True)
         msg = msgspec.structs.replace(
             template,
-            input_arena=worker.input_segment.name,
             instance_name=f"{source.name}_autocomplete",
         )
         loaded = await worker.load(msg, self.options.load_timeout)

@@ -51,7 +51,6 @@ class Load(_Msg, tag=1):
     instance_name: str
     instance_kind: str  # "CPU" / "GPU" / "MODEL"
     device_id: int
-    input_arena: str  # shm name of the server-owned input arena
     autocomplete: bool = False
     initialize: bool = True
 
@@ -85,7 +84,6 @@ ServerToWorker = Load | Infer | Release | Shutdown | MetricValueReply
 
 class Loaded(_Msg, tag=101):
     config_json: str  # the config after auto-complete
-    output_arena: str
     pid: int
 
 

@@ -17,23 +17,59 @@ ALIGN: Final = 64
 
 
 class ShmSegment:
-    """A mapped POSIX shared-memory object."""
+    """A mapped shared-memory object: a named POSIX one, or an anonymous memfd.
+
+    Anonymous segments have no name anywhere, so nothing can be left behind;
+    they are shared by handing the file descriptor to the other process.
+    """
 
     def __init__(self, name: str, size: int, *, create: bool) -> None:
-        self.name = name
         path = os.path.join(SHM_DIR, name.lstrip("/"))
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
-            if create:
-                os.ftruncate(fd, size)
-            else:
-                size = os.fstat(fd).st_size
-            self.size = size
-            self._mmap = mmap.mmap(fd, size) if size > 0 else None
+            self._setup(name, fd, size if create else None)
         finally:
             os.close(fd)
-        self._owner = create
+        self.fd: int | None = None
+
+    @classmethod
+    def anonymous(cls, name: str, size: int) -> ShmSegment:
+        """A memfd of ``size`` bytes; ``fd`` stays open until ``close_fd``."""
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        segment = cls.__new__(cls)
+        try:
+            segment._setup(name, fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        segment.fd = fd
+        return segment
+
+    @classmethod
+    def from_fd(cls, fd: int, name: str) -> ShmSegment:
+        """Map a segment received as a file descriptor (which is closed)."""
+        segment = cls.__new__(cls)
+        try:
+            segment._setup(name, fd, None)
+        finally:
+            os.close(fd)
+        segment.fd = None
+        return segment
+
+    def _setup(self, name: str, fd: int, size: int | None) -> None:
+        if size is not None:
+            os.ftruncate(fd, size)
+        else:
+            size = os.fstat(fd).st_size
+        self.name = name
+        self.size = size
+        self._mmap = mmap.mmap(fd, size) if size > 0 else None
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     @property
     def buffer(self) -> memoryview:
@@ -42,7 +78,8 @@ class ShmSegment:
         return memoryview(self._mmap)
 
     def close(self) -> None:
-        """Unmap; fails with BufferError while views are exported (they stay valid)."""
+        """Unmap; while views are exported the mapping stays until they are gone."""
+        self.close_fd()
         if self._mmap is not None:
             try:
                 self._mmap.close()

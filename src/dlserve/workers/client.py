@@ -21,11 +21,12 @@ from dlserve import errors
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
-from dlserve.tensors.shm import Arena, ShmSegment, unlink_name
+from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import InputTensor, OutputTensor
 
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
+OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 _worker_ids = itertools.count()
 
 
@@ -51,10 +52,11 @@ class WorkerBase:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.base_name = f"dlserve_{os.getpid()}_{next(_worker_ids)}"
-        self.input_segment = ShmSegment(f"{self.base_name}_in", INPUT_ARENA_SIZE, create=True)
+        base_name = f"dlserve_{os.getpid()}_{next(_worker_ids)}"
+        # memfds, handed to the worker at spawn; no name exists to be left behind
+        self.input_segment = ShmSegment.anonymous(f"{base_name}_in", INPUT_ARENA_SIZE)
+        self.output_segment = ShmSegment.anonymous(f"{base_name}_out", OUTPUT_ARENA_SIZE)
         self.input_arena = Arena(self.input_segment)
-        self.output_segment: ShmSegment | None = None
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
         self._pending: dict[int, _Pending] = {}
         self._rids = itertools.count(1)
@@ -120,12 +122,6 @@ class WorkerBase:
             raise errors.UnavailableError(reply.message)
         if not isinstance(reply, m.Loaded):
             raise errors.InternalError(f"unexpected reply to Load: {type(reply).__name__}")
-        if self.output_segment is None:
-            self.output_segment = ShmSegment(reply.output_arena, 0, create=False)
-            # Both sides have mapped both arenas: their names can go now, so nothing is
-            # left in /dev/shm whatever way either process ends.
-            self.input_segment.unlink()
-            self.output_segment.unlink()
         return reply
 
     async def _control_call(self, msg: m._Msg, timeout: float, what: str) -> m.WorkerToServer:
@@ -218,7 +214,6 @@ class WorkerBase:
             if ref.where == m.Where.PAYLOAD:
                 data = payload[ref.offset : ref.offset + ref.nbytes]
             elif ref.where == m.Where.OUTPUT_ARENA:
-                assert self.output_segment is not None
                 data = bytes(self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes])
                 self._schedule_release(ref.offset)
             else:
@@ -255,10 +250,7 @@ class WorkerBase:
 
     def _cleanup_shm(self) -> None:
         self.input_segment.close()
-        self.input_segment.unlink()
-        if self.output_segment is not None:
-            self.output_segment.close()
-        unlink_name(f"{self.base_name}_out")
+        self.output_segment.close()
 
 
 class SubprocessWorker(WorkerBase):
@@ -270,19 +262,19 @@ class SubprocessWorker(WorkerBase):
 
     async def spawn(self, env: dict[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        in_fd, out_fd = self.input_segment.fd, self.output_segment.fd
+        assert in_fd is not None and out_fd is not None
+        command = [sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
+                   "--input-arena-fd", str(in_fd), "--output-arena-fd", str(out_fd)]  # fmt: skip
         try:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "dlserve.workers.main",
-                "--fd",
-                str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
-                env=env,
+                *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,
                 stdin=asyncio.subprocess.DEVNULL,
-            )
+            )  # fmt: skip
         finally:
             theirs.close()
+            self.input_segment.close_fd()
+            self.output_segment.close_fd()
         await self._connect(ours)
 
     @property
@@ -318,10 +310,11 @@ class InProcessWorker(WorkerBase):
         install_pb_utils()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel: BlockingChannel[m.ServerToWorker] = BlockingChannel(theirs, codec.to_worker)
+        arenas = (self._share(self.input_segment), self._share(self.output_segment))
 
         def run() -> None:
             try:
-                serve(channel)
+                serve(channel, arenas)
             except ChannelClosed:
                 pass
             finally:
@@ -330,6 +323,14 @@ class InProcessWorker(WorkerBase):
         self._thread = threading.Thread(target=run, name=f"worker-{self.label}", daemon=True)
         self._thread.start()
         await self._connect(ours)
+
+    @staticmethod
+    def _share(segment: ShmSegment) -> ShmSegment:
+        """The worker thread's own mapping of a segment, as a worker process would have."""
+        assert segment.fd is not None
+        shared = ShmSegment.from_fd(os.dup(segment.fd), segment.name)
+        segment.close_fd()
+        return shared
 
     async def _terminate(self, timeout: float) -> None:
         if self._thread is not None:

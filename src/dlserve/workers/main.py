@@ -1,8 +1,9 @@
-"""Entry point of a worker process: ``python -m dlserve.workers.main --fd N``.
+"""Entry point of a worker process: ``python -m dlserve.workers.main --fd N ...``.
 
 The worker imports only dlserve's model-side packages and the user's code. It
-serves one connection (inherited file descriptor) until the server says
-Shutdown or goes away.
+serves one connection (an inherited socket) until the server says Shutdown or
+goes away. Its two arenas arrive as inherited memfds: they have no name, so
+nothing is left in /dev/shm however either process ends.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from dlserve.backend.link import WorkerLink
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
+from dlserve.tensors.shm import ShmSegment
 from dlserve.workers.runner import LoadError, ModelRunner
 
 Channel = BlockingChannel[m.ServerToWorker]
+Arenas = tuple[ShmSegment, ShmSegment]  # (input arena, output arena)
 
 
 def _die_with_parent() -> None:
@@ -41,33 +44,25 @@ def install_pb_utils() -> None:
     sys.modules["triton_python_backend_utils"] = backend
 
 
-def load(worker: WorkerLink, msg: m.Load, runner: ModelRunner | None) -> ModelRunner | None:
+def load(
+    worker: WorkerLink, msg: m.Load, runner: ModelRunner | None, arenas: Arenas
+) -> ModelRunner | None:
     worker.model_name = msg.model_name
     if runner is not None:
         runner.update(msg)
     else:
-        try:
-            runner = ModelRunner(msg)
-        except OSError as exc:
-            worker.send(m.LoadFailed(message=f"cannot set up shared memory: {exc}"))
-            return None
+        runner = ModelRunner(msg, arenas)
     try:
         runner.start()
     except LoadError as exc:
         runner.finalize()
         worker.send(m.LoadFailed(message=str(exc)))
         return None
-    worker.send(
-        m.Loaded(
-            config_json=json.dumps(runner.config),
-            output_arena=runner.output_segment.name,
-            pid=os.getpid(),
-        )
-    )
+    worker.send(m.Loaded(config_json=json.dumps(runner.config), pid=os.getpid()))
     return runner
 
 
-def serve(channel: Channel, *, process_wide: bool = False) -> None:
+def serve(channel: Channel, arenas: Arenas, *, process_wide: bool = False) -> None:
     """Serve one connection until Shutdown or until the server goes away.
 
     Model code reaches the server through this thread's WorkerLink (pb_utils metrics);
@@ -76,7 +71,7 @@ def serve(channel: Channel, *, process_wide: bool = False) -> None:
     worker = WorkerLink(channel)
     link.install(worker, process_wide=process_wide)
     try:
-        _Serving(worker).run()
+        _Serving(worker, arenas).run()
     finally:
         link.uninstall(worker)
 
@@ -84,8 +79,9 @@ def serve(channel: Channel, *, process_wide: bool = False) -> None:
 class _Serving:
     """The serve loop's state: the link and the model instance it runs (after Load)."""
 
-    def __init__(self, worker: WorkerLink) -> None:
+    def __init__(self, worker: WorkerLink, arenas: Arenas) -> None:
         self.worker = worker
+        self.arenas = arenas
         self.runner: ModelRunner | None = None
 
     def run(self) -> None:
@@ -98,6 +94,8 @@ class _Serving:
         finally:
             if self.runner is not None:
                 self.runner.finalize()
+            for arena in self.arenas:
+                arena.close()
 
     def step(self) -> bool:
         """Handle one frame; False once the server has said Shutdown."""
@@ -110,7 +108,7 @@ class _Serving:
             if self.runner is not None:
                 self.runner.release(msg.offsets)
         elif isinstance(msg, m.Load):
-            self.runner = load(self.worker, msg, self.runner)
+            self.runner = load(self.worker, msg, self.runner, self.arenas)
         elif isinstance(msg, m.Shutdown):
             runner, self.runner = self.runner, None
             if runner is not None:
@@ -123,25 +121,31 @@ class _Serving:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dlserve-worker")
-    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--fd", type=int, required=True, help="the connection to the server")
+    parser.add_argument("--input-arena-fd", type=int, required=True)
+    parser.add_argument("--output-arena-fd", type=int, required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
     install_pb_utils()
     sock = socket.socket(fileno=args.fd)
     channel: Channel = BlockingChannel(sock, codec.to_worker)
+    arenas = (
+        ShmSegment.from_fd(args.input_arena_fd, "input-arena"),
+        ShmSegment.from_fd(args.output_arena_fd, "output-arena"),
+    )
     profile_dir = os.environ.get("DLSERVE_WORKER_PROFILE")
     if profile_dir:  # a developer's switch: cProfile each worker into this folder
         import cProfile
 
         cProfile.runctx(
-            "serve(channel, process_wide=True)",
+            "serve(channel, arenas, process_wide=True)",
             globals(),
-            {"channel": channel},
+            {"channel": channel, "arenas": arenas},
             os.path.join(profile_dir, f"worker-{os.getpid()}.prof"),
         )
     else:
-        serve(channel, process_wide=True)
+        serve(channel, arenas, process_wide=True)
     channel.close()
     return 0
 

@@ -35,13 +35,12 @@ async def spawn_worker(label: str, in_process: bool, on_metric: MetricSink | Non
     return worker
 
 
-def load_message(template: m.Load, spec: InstanceSpec, worker: WorkerBase) -> m.Load:
+def load_message(template: m.Load, spec: InstanceSpec) -> m.Load:
     return msgspec.structs.replace(
         template,
         instance_name=spec.name,
         instance_kind=spec.kind,
         device_id=spec.device_id,
-        input_arena=worker.input_segment.name,
     )
 
 
@@ -84,7 +83,7 @@ class WorkerPool:
         if worker is None:
             worker = await spawn_worker(spec.name, self.in_process, self.on_metric)
         try:
-            await worker.load(load_message(self.template, spec, worker), self.load_timeout)
+            await worker.load(load_message(self.template, spec), self.load_timeout)
         except BaseException:
             await worker.stop(timeout=5.0)
             raise

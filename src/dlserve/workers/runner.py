@@ -30,7 +30,6 @@ from dlserve.tensors.shm import Arena, ShmSegment
 
 # Outputs up to this size travel in the reply frame; larger ones through the arena.
 INLINE_OUTPUT_LIMIT = 64 * 1024
-OUTPUT_ARENA_SIZE = 256 * 1024 * 1024
 
 
 class LoadError(Exception):
@@ -64,15 +63,14 @@ def import_model_file(path: str, module_name: str) -> ModuleType:
 class ModelRunner:
     """One instance of one model."""
 
-    def __init__(self, load: m.Load) -> None:
+    def __init__(self, load: m.Load, arenas: tuple[ShmSegment, ShmSegment]) -> None:
+        """``arenas``: the input arena (the server writes) and the output arena (we write)."""
         self.load = load
         self.config: dict[str, Any] = json.loads(load.config_json)
         self.model: Any = None
         self.model_class: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.input_arena = ShmSegment(load.input_arena, 0, create=False)
-        name = f"{load.input_arena.removesuffix('_in')}_out"
-        self.output_segment = ShmSegment(name, OUTPUT_ARENA_SIZE, create=True)
+        self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
 
     # -- loading ------------------------------------------------------------------------
@@ -253,5 +251,4 @@ class ModelRunner:
             except Exception:
                 traceback.print_exc()
         self.output_segment.close()
-        self.output_segment.unlink()
         self.input_arena.close()

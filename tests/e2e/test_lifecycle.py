@@ -1,0 +1,66 @@
+"""Shutdown and crash behaviour of the whole server process.
+
+- SIGTERM while a request is in flight: the request completes, workers exit, the
+  server exits 0, and nothing of the server is left in /dev/shm.
+- SIGKILL of the server: its workers die with it (no orphans).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+import tritonclient.grpc as grpcclient
+
+from conftest import TEST_MODELS, run_server, stop_server
+
+
+def _shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def _slow_request(fifo: Path) -> list[grpcclient.InferInput]:
+    data = np.array([str(fifo).encode()], dtype=np.object_)
+    inputs = [grpcclient.InferInput("INPUT0", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(data)
+    return inputs
+
+
+def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
+    before = _shm_names()
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    with run_server(TEST_MODELS, "--model-control-mode", "explicit", "--load-model", "slow") as s:
+        workers = psutil.Process(s.process.pid).children(recursive=True)
+        assert workers, "the slow model's worker should be running"
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        results: queue.Queue[object] = queue.Queue()
+        client.async_infer(
+            "slow", _slow_request(fifo), lambda result, error: results.put(error or result)
+        )
+        with open(fifo) as started:  # blocks until execute has begun
+            assert started.readline() == "started\n"
+        s.process.send_signal(signal.SIGTERM)
+        result = results.get(timeout=30)
+        assert isinstance(result, grpcclient.InferResult), result
+        assert result.as_numpy("OUTPUT0")[0] == str(fifo).encode()
+        assert s.process.wait(timeout=30) == 0
+        client.close()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
+    assert _shm_names() <= before
+
+
+def test_workers_die_with_a_killed_server() -> None:
+    with run_server(TEST_MODELS, "--model-control-mode", "explicit", "--load-model", "plain") as s:
+        workers = psutil.Process(s.process.pid).children(recursive=True)
+        assert workers
+        s.process.kill()
+        s.process.wait(timeout=10)
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"orphaned workers: {alive}"
+        stop_server(s)
