@@ -50,7 +50,7 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
         assert result.as_numpy("OUTPUT0")[0] == str(fifo).encode()
         assert s.process.wait(timeout=30) == 0
         client.close()
-    gone, alive = psutil.wait_procs(workers, timeout=10)
+    _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive
     assert _shm_names() <= before
 
@@ -61,6 +61,6 @@ def test_workers_die_with_a_killed_server() -> None:
         assert workers
         s.process.kill()
         s.process.wait(timeout=10)
-        gone, alive = psutil.wait_procs(workers, timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=10)
         assert not alive, f"orphaned workers: {alive}"
         stop_server(s)
