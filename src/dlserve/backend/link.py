@@ -82,6 +82,8 @@ class WorkerLink:
 
     def _recv_before(self, deadline: float, timeout: float) -> Frame:
         remaining = deadline - time.monotonic()
+        if self._channel.buffered():
+            return self._channel.recv()
         readable, _, _ = select.select([self._channel.fileno()], [], [], max(remaining, 0.0))
         if not readable:
             raise TritonModelException(f"the server did not answer within {timeout:g} s")

@@ -62,13 +62,13 @@ class ModelEntry:
     state: ModelState
     reason: str = ""
     config: Any = None
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=dict)  # newest first
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def latest_ready(self) -> ModelVersion | None:
-        for version in sorted(self.versions, reverse=True):
-            if self.versions[version].ready:
-                return self.versions[version]
+        for version in self.versions.values():
+            if version.ready:
+                return version
         return None
 
 

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, cast
 from dlserve.ipc import codec, messages
 
 T = TypeVar("T")
+READ_AHEAD = 64 * 1024
 Frame = tuple[T, memoryview]
 
 
@@ -27,7 +28,9 @@ class BlockingChannel(Generic[T]):
     def __init__(self, sock: socket.socket, decoder: codec.Decoder[T]) -> None:
         self._sock = sock
         self._decoder = decoder
-        self._prefix = bytearray(codec.PREFIX_SIZE)
+        self._buf = bytearray(READ_AHEAD)
+        self._start = 0  # first unread byte of _buf
+        self._end = 0  # end of the bytes received into _buf
 
     def send(self, message: messages._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         buffers = codec.encode(message, payload)
@@ -46,14 +49,46 @@ class BlockingChannel(Generic[T]):
             sent = 0
 
     def recv(self) -> Frame[T]:
-        self._recv_into(memoryview(self._prefix))
-        header_len, payload_len = codec.PREFIX.unpack(self._prefix)
-        body = bytearray(header_len + payload_len)
+        """The next frame. Small frames cost one recv syscall (read ahead into a buffer);
+        a large one is received straight into its own buffer."""
+        self._fill(codec.PREFIX_SIZE)
+        header_len, payload_len = codec.PREFIX.unpack_from(self._buf, self._start)
+        size = header_len + payload_len
+        if codec.PREFIX_SIZE + size <= len(self._buf):
+            self._fill(codec.PREFIX_SIZE + size)  # may move the bytes to the front
+            head = self._start + codec.PREFIX_SIZE
+            body = bytearray(memoryview(self._buf)[head : head + size])
+            self._start = head + size
+        else:
+            head = self._start + codec.PREFIX_SIZE
+            body = bytearray(size)
+            buffered = self._end - head
+            body[:buffered] = memoryview(self._buf)[head : self._end]
+            self._start = self._end = 0
+            self._recv_exactly(memoryview(body)[buffered:])
         view = memoryview(body)
-        self._recv_into(view)
         return self._decoder.decode(view[:header_len]), view[header_len:]
 
-    def _recv_into(self, view: memoryview) -> None:
+    def buffered(self) -> bool:
+        """Whether bytes of a next frame were already read (select() would not see them)."""
+        return self._end > self._start
+
+    def _fill(self, count: int) -> None:
+        """Make at least ``count`` bytes available from ``_start`` (count <= buffer size)."""
+        if self._end - self._start >= count:
+            return
+        if self._start + count > len(self._buf):
+            pending = self._end - self._start
+            self._buf[:pending] = self._buf[self._start : self._end]
+            self._start, self._end = 0, pending
+        view = memoryview(self._buf)
+        while self._end - self._start < count:
+            n = self._sock.recv_into(view[self._end :])
+            if n == 0:
+                raise ChannelClosed("connection closed")
+            self._end += n
+
+    def _recv_exactly(self, view: memoryview) -> None:
         got = 0
         while got < view.nbytes:
             n = self._sock.recv_into(view[got:])

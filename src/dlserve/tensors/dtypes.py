@@ -98,6 +98,10 @@ def from_config(name: str) -> DType | None:
 
 def from_numpy(dtype: npt.DTypeLike) -> DType | None:
     """The DType of a numpy dtype; any bytes/str/object dtype is BYTES."""
+    if isinstance(dtype, np.dtype):
+        found = _BY_NUMPY.get(dtype)
+        if found is not None:
+            return found
     np_dtype = np.dtype(dtype)
     if np_dtype.kind in ("O", "S", "U"):
         return BY_WIRE["BYTES"]
