@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = logging.DEBUG if args.log_verbose else logging.INFO
+    if args.log_verbose:  # workers inherit it: pb_utils.Logger.log_verbose prints
+        os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname).1s %(name)s: %(message)s"
     )

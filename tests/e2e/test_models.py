@@ -326,7 +326,7 @@ def test_loading_a_broken_model_says_why(client: Client) -> None:
 def test_a_dying_worker_fails_its_request_and_comes_back(client: Client) -> None:
     assert client.infer("crash", {"INPUT0": fp32(1)}).as_numpy("OUTPUT0").tolist() == [1]
     message = client.fails("UNAVAILABLE", client.infer, "crash", {"INPUT0": fp32(-1)})
-    assert "model instance 'crash_0_0' exited unexpectedly" in message
+    assert "model instance 'crash_0_0' exited unexpectedly (exit code 1)" in message
     wait_ready(client, "crash")
     assert client.infer("crash", {"INPUT0": fp32(2)}).as_numpy("OUTPUT0").tolist() == [2]
 

@@ -27,6 +27,7 @@ from dlserve.types import InputTensor, OutputTensor
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
+REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
 _worker_ids = itertools.count()
 
 
@@ -99,6 +100,11 @@ class WorkerBase:
 
     def _on_lost(self, exc: Exception | None) -> None:
         self._channel = None
+        asyncio.get_running_loop().create_task(self._fail_everything())
+
+    async def _fail_everything(self) -> None:
+        """Fail what was in flight, with the exit status once the process is reaped."""
+        await self._reaped(REAP_TIMEOUT_S)
         reason = self.death_reason()
         failure = errors.WorkerDiedError(reason)
         for pending in self._pending.values():
@@ -112,6 +118,9 @@ class WorkerBase:
 
     def death_reason(self) -> str:
         return f"model instance '{self.label}' exited unexpectedly"
+
+    async def _reaped(self, timeout: float) -> None:
+        """Wait (briefly) for the other side to be gone for good."""
 
     # -- load ---------------------------------------------------------------------------
     async def load(self, msg: m.Load, timeout: float) -> m.Loaded:
@@ -285,6 +294,13 @@ class SubprocessWorker(WorkerBase):
         code = None if self.process is None else self.process.returncode
         how = "" if code is None else (f" (signal {-code})" if code < 0 else f" (exit code {code})")
         return f"model instance '{self.label}' exited unexpectedly{how}"
+
+    async def _reaped(self, timeout: float) -> None:
+        if self.process is not None:
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except TimeoutError:
+                pass
 
     async def _terminate(self, timeout: float) -> None:
         process = self.process
