@@ -16,10 +16,11 @@ from tritonclient.grpc._utils import _get_inference_request
 
 from dlserve import errors
 from dlserve.core.service import InferenceService
+from dlserve.core.trace import TraceSettings
 from dlserve.errors import FatalError
 from dlserve.frontends.grpc import convert
 from dlserve.frontends.grpc.errors import STATUS_CODES, grpc_errors
-from dlserve.frontends.grpc.servicer import TraceSettings, create_grpc_server
+from dlserve.frontends.grpc.servicer import create_grpc_server
 from dlserve.types import (
     BatchStats,
     DurationStat,

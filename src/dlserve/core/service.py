@@ -13,6 +13,7 @@ from dlserve.core.config import config_to_dict
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.repository import Repository
+from dlserve.core.trace import TraceSettings
 from dlserve.types import (
     InferRequest,
     InferResponse,
@@ -51,6 +52,7 @@ class InferenceService:
             "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
             "log_verbose_level": 0, "log_format": "default",
         }  # fmt: skip
+        self.trace = TraceSettings()
         self._started = False
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import grpc
@@ -36,70 +36,11 @@ STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 _SHM_LATER: Final = "shared memory is not supported yet (it lands in a later release)"
 
 
-class TraceSettings:
-    """Trace settings, global and per model, kept in memory (tracing itself comes later).
-
-    Checked as Triton checks them; keys Triton does not know are ignored, as Triton does.
-    """
-
-    DEFAULTS: Final[Mapping[str, Sequence[str]]] = {
-        "trace_level": ("OFF",), "trace_rate": ("1000",), "trace_count": ("-1",),
-        "log_frequency": ("0",), "trace_file": ("",), "trace_mode": ("triton",),
-    }  # fmt: skip
-    _LEVELS: Final = ("OFF", "TIMESTAMPS", "TENSORS")
-    _NUMBERS: Final = ("trace_rate", "trace_count", "log_frequency")
-
-    def __init__(self) -> None:
-        self._global: dict[str, list[str]] = {k: list(v) for k, v in self.DEFAULTS.items()}
-        self._models: dict[str, dict[str, list[str]]] = {}
-
-    def get(self, model: str = "") -> dict[str, list[str]]:
-        return {**self._global, **self._models.get(model, {})}
-
-    def update(self, model: str, updates: Mapping[str, list[str]]) -> None:
-        """Apply every update or none; an empty value list clears the setting."""
-        checked = {k: self._check(k, v) for k, v in updates.items() if k in self.DEFAULTS}
-        target = self._models.setdefault(model, {}) if model else self._global
-        for key, values in checked.items():
-            if values:
-                target[key] = values
-            elif model:
-                target.pop(key, None)  # back to the global setting
-            else:
-                target[key] = list(self.DEFAULTS[key])
-
-    def _check(self, key: str, values: list[str]) -> list[str]:
-        if key == "trace_file":
-            raise UnsupportedError(
-                "trace file location can not be updated through network protocol"
-            )
-        if key == "trace_level":
-            if "OFF" in values and len(values) > 1:
-                raise InvalidArgumentError("Expect only one trace level 'OFF' is specified")
-            for level in values:
-                if level not in self._LEVELS:
-                    raise InvalidArgumentError(f"unknown trace level '{level}'")
-        elif key in self._NUMBERS:
-            if len(values) > 1:
-                raise InvalidArgumentError(f"expect only 1 value for '{key}'")
-            if values and not _is_int(values[0], -1 if key == "trace_count" else 0):
-                raise InvalidArgumentError(f"Unable to parse '{key}', got: {values[0]}")
-        return values
-
-
-def _is_int(text: str, minimum: int) -> bool:
-    try:
-        return int(text) >= minimum
-    except ValueError:
-        return False
-
-
 class GrpcServicer:
     """One method per RPC; each is registered by :func:`method_handlers`."""
 
     def __init__(self, service: InferenceService) -> None:
         self._service = service
-        self._trace = TraceSettings()
 
     # -- health and metadata ------------------------------------------------------------
     @grpc_errors
@@ -215,8 +156,8 @@ class GrpcServicer:
         if model and not self._service.model_ready(model):
             raise InvalidArgumentError(f"Request for unknown model : {model}")
         if request.settings:
-            self._trace.update(model, convert.trace_settings_update(request))
-        return convert.trace_settings_response(self._trace.get(model))
+            self._service.trace.update(model, convert.trace_settings_update(request))
+        return convert.trace_settings_response(self._service.trace.get(model))
 
     @grpc_errors
     async def log_settings(self, request: Any, context: Any) -> Any:

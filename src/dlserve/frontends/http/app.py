@@ -257,7 +257,6 @@ class HttpApp:
         self.service = service
         self.limit = max_input_size
         self.infer = InferEndpoint(service, max_input_size)
-        self.trace = TraceSettings()
         self.router = Starlette(routes=self._routes(), exception_handlers={
             errors.DlserveError: _dlserve_error, HTTPException: _http_error,
         })  # fmt: skip
@@ -371,8 +370,9 @@ class HttpApp:
         if model and not self.service.model_ready(model):
             raise errors.InvalidArgumentError(f"Request for unknown model : {model}")
         if request.method == "POST":
-            self.trace.update(model, await self._body(request, "trace"))
-        return _json(self.trace.get(model))
+            body = await self._body(request, "trace")
+            self.service.trace.update(model, _trace_updates(body))
+        return _json(_trace_view(self.service.trace.get(model)))
 
     async def shared_memory(self, request: Request) -> Response:
         kind = "CUDA" if request.url.path.startswith("/v2/cuda") else "system"
@@ -415,51 +415,23 @@ def _log_updates(body: convert.JsonObject) -> dict[str, Any]:
     return updates
 
 
-class TraceSettings:
-    """Trace settings, global and per model, kept in memory (nothing is traced yet)."""
-
-    DEFAULTS: dict[str, Any] = {
-        "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-        "log_frequency": "0", "trace_file": "", "trace_mode": "triton",
-    }  # fmt: skip
-    SETTABLE = ("trace_level", "trace_rate", "trace_count", "log_frequency")
-
-    def __init__(self) -> None:
-        self.globals: dict[str, Any] = dict(self.DEFAULTS)
-        self.models: dict[str, dict[str, Any]] = {}
-
-    def get(self, model: str) -> dict[str, Any]:
-        return {**self.globals, **self.models.get(model, {})}
-
-    def update(self, model: str, body: convert.JsonObject) -> None:
-        """Triton's rules: null resets a setting (a model's: to the global one)."""
-        if "trace_file" in body:
-            raise errors.UnsupportedError(
-                "trace file location can not be updated through network protocol"
-            )
-        target = self.models.setdefault(model, {}) if model else self.globals
-        for key in self.SETTABLE:
-            if key not in body:
-                continue
-            if body[key] is not None:
-                target[key] = _trace_value(key, body[key])
-            elif model:
-                target.pop(key, None)
-            else:
-                target[key] = self.DEFAULTS[key]
+def _trace_updates(body: convert.JsonObject) -> dict[str, list[str]]:
+    """HTTP's trace settings body in the core's form: null clears, lists stay lists."""
+    updates: dict[str, list[str]] = {}
+    for key, value in body.items():
+        if value is None:
+            updates[key] = []
+        elif key == "trace_level" and isinstance(value, list):
+            updates[key] = [str(level) for level in value]
+        elif type(value) in (str, int):
+            updates[key] = [str(value)]
+        else:
+            raise errors.InvalidArgumentError(f"Unable to parse '{key}', got: {value!r}")
+    return updates
 
 
-def _trace_value(key: str, value: object) -> object:
-    if key == "trace_level":
-        levels = value if isinstance(value, list) else []
-        known = all(level in ("OFF", "TIMESTAMPS", "TENSORS") for level in levels)
-        if not levels or not known or ("OFF" in levels and len(levels) > 1):
-            raise errors.InvalidArgumentError(f"Unable to parse 'trace_level', got: {value!r}")
-        return list(levels)
-    text = str(value) if type(value) in (str, int) else ""
-    if not re.fullmatch(r"-?[0-9]+", text) or (text[0] == "-" and key != "trace_count"):
-        raise errors.InvalidArgumentError(f"Unable to parse '{key}', got: {value!r}")
-    return text
+def _trace_view(settings: dict[str, list[str]]) -> dict[str, object]:
+    return {k: v if k == "trace_level" else (v[0] if v else "") for k, v in settings.items()}
 
 
 async def _dlserve_error(request: Request, exc: Exception) -> Response:
