@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument(
+        "--allow-client-shm",
+        choices=("local", "false", "any"),
+        default="local",
+        help="who may register client shared memory: local peers only (loopback or a Unix "
+        "socket), nobody, or anyone",
+    )
+    serve.add_argument(
         "--ready-fd",
         type=int,
         default=None,
@@ -71,5 +78,6 @@ def main(argv: list[str] | None = None) -> int:
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,
         ready_fd=args.ready_fd,
+        allow_client_shm=args.allow_client_shm,
     )
     return run(options)

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from dlserve.core.manager import ManagerOptions
+from dlserve.core.regions import AllowClientShm
 from dlserve.core.repository import Repository
 from dlserve.core.service import InferenceService, ServiceOptions
 from dlserve.errors import FatalError
 from dlserve.frontends.grpc.servicer import create_grpc_server
 from dlserve.frontends.http.app import create_http_app
 from dlserve.frontends.http.metrics import create_metrics_app
+from dlserve.frontends.http.server import HttpServer
 
 log = logging.getLogger("dlserve")
 
@@ -39,51 +39,7 @@ class ServerOptions:
     in_process_workers: bool = False
     ready_fd: int | None = None
     shutdown_timeout: float = 30.0
-
-
-class _Uvicorn:
-    """A uvicorn server run inside our loop, without its signal handling."""
-
-    def __init__(self, app: Any, host: str, port: int) -> None:
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            loop="none",
-            lifespan="off",
-            http="httptools",
-            log_level="warning",
-            access_log=False,
-            ws="none",
-            timeout_graceful_shutdown=30,
-        )
-        self.server = uvicorn.Server(config)
-        self._main: asyncio.Task[None] | None = None
-
-    async def start(self) -> int:
-        config = self.server.config
-        if not config.loaded:
-            config.load()
-        self.server.lifespan = config.lifespan_class(config)
-        try:
-            await self.server.startup()
-        except SystemExit:  # uvicorn exits when it cannot bind
-            raise FatalError(
-                f"cannot listen on {self.server.config.host}:{self.server.config.port}"
-            ) from None
-        if not self.server.started:
-            raise FatalError(
-                f"cannot listen on {self.server.config.host}:{self.server.config.port}"
-            )
-        self._main = asyncio.create_task(self.server.main_loop())
-        return int(self.server.servers[0].sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        if self._main is None:
-            return
-        self.server.should_exit = True
-        await self._main
-        await self.server.shutdown()
+    allow_client_shm: AllowClientShm = "local"  # who may register shared memory
 
 
 class Server:
@@ -93,14 +49,15 @@ class Server:
             model_control_mode=options.model_control_mode,
             startup_models=list(options.load_models),
             manager=ManagerOptions(in_process=options.in_process_workers),
+            allow_client_shm=options.allow_client_shm,
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
-        self._http = _Uvicorn(
+        self._http = HttpServer(
             create_http_app(self.service, options.http_max_input_size),
             options.host,
             options.http_port,
         )
-        self._metrics = _Uvicorn(
+        self._metrics = HttpServer(
             create_metrics_app(self.service), options.host, options.metrics_port
         )
         self._grpc: Any = None
@@ -140,10 +97,11 @@ class Server:
         """1. stop accepting; let in-flight requests finish  2. finalize and stop workers."""
         timeout = self.options.shutdown_timeout
         log.info("shutting down: waiting up to %g s for in-flight requests", timeout)
-        if self._grpc is not None:
-            await self._grpc.stop(timeout)
-        await self._http.stop()
-        await self._metrics.stop()
+        await asyncio.gather(
+            *([self._grpc.stop(timeout)] if self._grpc is not None else []),
+            self._http.stop(timeout),
+            self._metrics.stop(timeout),
+        )
         await self.service.shutdown()
         log.info("dlserve stopped")
 
@@ -185,15 +143,14 @@ def run(options: ServerOptions) -> int:
 
 
 def asyncio_run(main: Coroutine[Any, Any, None]) -> None:
-    """Run on uvloop where it is installed."""
-    import os
-
-    if os.environ.get("DLSERVE_LOOP") == "asyncio":
-        asyncio.run(main)
-        return
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
+    """Run on uvloop where it is installed, unless DLSERVE_LOOP=asyncio asks for the
+    standard loop (the tests run the frontends on both)."""
+    if os.environ.get("DLSERVE_LOOP") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)

@@ -1,7 +1,8 @@
 """Core request/response types shared by the frontends and the core.
 
 They carry tensor bytes as buffers (``memoryview``), never JSON lists: the HTTP
-frontend converts JSON data into bytes before a request reaches the core.
+frontend converts JSON data into bytes before a request reaches the core. A tensor
+in a client's shared-memory region carries a :class:`RegionRef` instead of bytes.
 """
 
 from __future__ import annotations
@@ -13,22 +14,67 @@ ParamValue = bool | int | float | str
 Parameters = dict[str, ParamValue]
 
 
+@dataclass(frozen=True, slots=True)
+class RegionRef:
+    """A tensor's place in a client's system shared-memory region, as a request names it:
+    ``byte_size`` bytes from ``offset`` (counted from the start of the registered region)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSpan:
+    """A :class:`RegionRef` the core has checked: where the bytes are in the client's object."""
+
+    region_id: int  # unique for the server's lifetime: workers cache their mappings by it
+    key: str  # the shared-memory object's name (shm_open's)
+    offset: int  # from the start of the object
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatus:
+    """A registered system shared-memory region, as the status call lists it."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Where a request came from: an IP address, or None for a Unix socket connection.
+
+    An address that is not an IP address (say "") stands for a peer the frontend could not
+    tell: the core treats it as remote.
+    """
+
+    address: str | None
+
+
 @dataclass(slots=True)
 class InputTensor:
     """One request input. ``data`` holds the raw little-endian C-order bytes
-    (BYTES serialized as Triton does), or None when the input names a region."""
+    (BYTES serialized as Triton does), or is None when ``region`` says where they are."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: memoryview | None
     parameters: Parameters = field(default_factory=dict)
+    region: RegionRef | None = None
 
 
 @dataclass(slots=True)
 class RequestedOutput:
+    """An output the client asks for; ``region``: write it there instead of the response."""
+
     name: str
     parameters: Parameters = field(default_factory=dict)
+    region: RegionRef | None = None
 
 
 @dataclass(slots=True)
@@ -39,6 +85,7 @@ class InferRequest:
     inputs: list[InputTensor]
     outputs: list[RequestedOutput]  # empty: every output of the model
     parameters: Parameters = field(default_factory=dict)
+    peer: Peer | None = None  # who sent it (None: unknown); checked when it names a region
 
 
 @dataclass(slots=True)

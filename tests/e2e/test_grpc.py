@@ -439,19 +439,16 @@ def test_load_rejects_files_and_bad_parameters(
     assert explicit_client.is_model_ready("add_sub")
 
 
-# -- shared memory (a later issue), trace and log settings -----------------------------
+# -- CUDA shared memory (a later issue), trace and log settings ------------------------
 @pytest.mark.parametrize(
     ("call", "args"),
     [
-        ("get_system_shared_memory_status", ()),
-        ("register_system_shared_memory", ("r", "/dlserve_none", 64)),
-        ("unregister_system_shared_memory", ()),
         ("get_cuda_shared_memory_status", ()),
         ("register_cuda_shared_memory", ("r", b"\0" * 64, 0, 64)),
         ("unregister_cuda_shared_memory", ()),
     ],
 )
-def test_shared_memory_is_unimplemented(
+def test_cuda_shared_memory_is_unimplemented(
     client: grpcclient.InferenceServerClient, call: str, args: tuple[Any, ...]
 ) -> None:
     message = raises_status("UNIMPLEMENTED", getattr(client, call), *args)

@@ -409,11 +409,10 @@ def test_trace_settings(
     assert error_of(example_server, "GET", "/v2/models/nope/trace/setting")[0] == 400
 
 
-def test_shared_memory_is_not_supported_yet(client: httpclient.InferenceServerClient) -> None:
+def test_cuda_shared_memory_is_not_supported_yet(
+    client: httpclient.InferenceServerClient,
+) -> None:
     calls = [
-        client.get_system_shared_memory_status,
-        client.unregister_system_shared_memory,
-        lambda: client.register_system_shared_memory("r", "/key", 64),
         client.get_cuda_shared_memory_status,
         client.unregister_cuda_shared_memory,
         lambda: client.register_cuda_shared_memory("r", b"handle", 0, 64),

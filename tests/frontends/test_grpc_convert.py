@@ -286,13 +286,6 @@ def test_more_raw_contents_than_inputs() -> None:
         convert.parse_infer_request(message.SerializeToString())
 
 
-def test_shared_memory_inputs_are_not_supported_yet() -> None:
-    message = pb.ModelInferRequest.FromString(client_request(("A", np.zeros(2, np.float32))))
-    message.inputs[0].parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(errors.UnsupportedError, match="shared memory"):
-        convert.parse_infer_request(message.SerializeToString())
-
-
 @pytest.mark.parametrize(
     "data",
     [

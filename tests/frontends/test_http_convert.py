@@ -27,6 +27,7 @@ from dlserve.types import (
     ModelState,
     ModelStatistics,
     OutputTensor,
+    RegionRef,
     RepositoryEntry,
     ServerMetadata,
     TensorMetadata,
@@ -221,10 +222,11 @@ def test_invalid_inputs(item: dict[str, Any], message: str) -> None:
 
 
 def test_shared_memory_input_is_passed_to_the_core_as_a_region() -> None:
-    params = {"shared_memory_region": "r", "shared_memory_byte_size": 8}
+    params = {"shared_memory_region": "r", "shared_memory_byte_size": 8, "other": 1}
     request, _ = _parse({"inputs": [_tensor("A", "FP32", [2], parameters=params)]})
     assert request.inputs[0].data is None
-    assert request.inputs[0].parameters == params
+    assert request.inputs[0].region == RegionRef("r", 8, 0)
+    assert request.inputs[0].parameters == {"other": 1}
 
 
 def test_output_plan_and_parameters() -> None:

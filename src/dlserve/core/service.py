@@ -12,6 +12,7 @@ from dlserve import __version__, errors
 from dlserve.core.config import config_to_dict
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
+from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.trace import TraceSettings
 from dlserve.types import (
@@ -21,10 +22,13 @@ from dlserve.types import (
     ModelState,
     ModelStatistics,
     OutputTensor,
+    Peer,
+    RegionStatus,
     RepositoryEntry,
     ServerMetadata,
     TensorMetadata,
 )
+from dlserve.workers.client import WorkerReply
 
 log = logging.getLogger("dlserve")
 
@@ -40,12 +44,14 @@ class ServiceOptions:
     model_control_mode: str = "none"  # "none" | "explicit"
     startup_models: list[str] = field(default_factory=list)  # explicit mode: --load-model
     manager: ManagerOptions = field(default_factory=ManagerOptions)
+    allow_client_shm: AllowClientShm = "local"  # who may register shared memory
 
 
 class InferenceService:
     def __init__(self, repository: Repository, options: ServiceOptions) -> None:
         self.repository = repository
         self.options = options
+        self.regions = RegionRegistry(options.allow_client_shm)
         self.metrics = Metrics(lambda: self.manager.all_stats())
         self.manager = ModelManager(repository, options.manager, self.metrics.custom)
         self.log_settings: dict[str, Any] = {
@@ -157,11 +163,7 @@ class InferenceService:
         received = time.monotonic_ns()
         loaded = self.version(request.model_name, request.model_version)
         try:
-            inputs, batch = loaded.validator.check(request)
-            worker = loaded.pool.pick()
-            reply = await worker.infer(
-                request.id, inputs, [o.name for o in request.outputs], request.parameters
-            )
+            reply, batch = await self._run(loaded, request)
         except errors.DlserveError as exc:
             reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
             loaded.stats.record_failure(time.monotonic_ns() - received, reason)
@@ -184,6 +186,39 @@ class InferenceService:
         return InferResponse(
             request.model_name, str(loaded.version), request.id, outputs, dict(reply.parameters)
         )
+
+    async def _run(self, loaded: ModelVersion, request: InferRequest) -> tuple[WorkerReply, int]:
+        """Check the request and run it on an instance: the reply, and the batch size.
+
+        The regions it names are checked first (as Triton does) and stay in use until it
+        is done, so that unregistering one meanwhile cannot unmap it under the model.
+        """
+        lease: RegionLease | None = self.regions.lease(request)
+        try:
+            inputs, batch = loaded.validator.check(request)
+            worker = loaded.pool.pick()
+            outputs = [o.name for o in request.outputs]
+            if lease is None:
+                return await worker.infer(request.id, inputs, outputs, request.parameters), batch
+            lease.bind(worker)
+            reply = await worker.infer(
+                request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs
+            )
+            return reply, batch
+        finally:
+            if lease is not None:
+                self.regions.release(lease)
+
+    # -- system shared memory -----------------------------------------------------------
+    def shm_status(self, name: str = "") -> list[RegionStatus]:
+        return self.regions.status(name)
+
+    def register_shm(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
+        self.regions.register(name, key, offset, byte_size, peer)
+
+    def unregister_shm(self, name: str, peer: Peer) -> None:
+        """Unregister ``name``, or every region when it is ""."""
+        self.regions.unregister(name, peer)
 
     # -- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:

@@ -122,11 +122,14 @@ class RequestValidator:
 
     def _check_size(self, prefix: str, spec: TensorSpec, tensor: InputTensor) -> None:
         data = tensor.data
-        if data is None:
-            return
         elements = 1
         for d in tensor.shape:
             elements *= d
+        if data is None:
+            # In a client's region: the worker counts BYTES elements, the server never reads.
+            if tensor.region is not None and not spec.dtype.is_bytes:
+                self._check_nbytes(prefix, spec, tensor, elements, tensor.region.byte_size)
+            return
         if spec.dtype.is_bytes:
             try:
                 got = count_bytes_elements(data)
@@ -141,11 +144,16 @@ class RequestValidator:
                     f"'{tensor.name}' for model '{self.model}', expecting {elements}"
                 )
             return
+        self._check_nbytes(prefix, spec, tensor, elements, data.nbytes)
+
+    def _check_nbytes(
+        self, prefix: str, spec: TensorSpec, tensor: InputTensor, elements: int, nbytes: int
+    ) -> None:
         expected = elements * spec.dtype.itemsize
-        if data.nbytes != expected:
+        if nbytes != expected:
             raise InvalidArgumentError(
                 f"{prefix}input byte size mismatch for input '{tensor.name}' for model "
-                f"'{self.model}'. Expected {expected}, got {data.nbytes}"
+                f"'{self.model}'. Expected {expected}, got {nbytes}"
             )
 
     @staticmethod
@@ -154,8 +162,9 @@ class RequestValidator:
             return tensor
         batch = tensor.shape[: len(tensor.shape) - len(spec.dims)]
         return InputTensor(
-            tensor.name, tensor.datatype, batch + spec.reshape, tensor.data, tensor.parameters
-        )
+            tensor.name, tensor.datatype, batch + spec.reshape, tensor.data, tensor.parameters,
+            tensor.region,
+        )  # fmt: skip
 
     def _check_missing(self, prefix: str, request: InferRequest) -> None:
         given = {t.name for t in request.inputs}

@@ -2,7 +2,7 @@
 
 Each message is a msgspec Struct in a tagged union; one decoder per direction.
 Tensor bytes never travel inside a message: a :class:`TensorRef` says where
-they are (the frame's payload, a shared-memory arena, later a client region).
+they are (the frame's payload, a shared-memory arena, a client's region).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class Where(enum.IntEnum):
     INPUT_ARENA = 1  # the server-owned input arena of this worker
     OUTPUT_ARENA = 2  # the worker-owned output arena
     NOWHERE = 3  # no data (output written into a client region elsewhere)
+    CLIENT_REGION = 4  # a client's shared-memory object (key), at offset from its start
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -30,6 +31,8 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     where: Where
     offset: int
     nbytes: int
+    region: int = 0  # CLIENT_REGION: the region's id (workers map each region once, by id)
+    key: str = ""  # CLIENT_REGION: the shared-memory object's name
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -62,6 +65,8 @@ class Infer(_Msg, tag=2):
     outputs: list[str]  # requested output names; empty: all the model produces
     parameters: dict[str, ParamValue] = {}
     release: list[int] = []  # output-arena offsets the server is done with
+    # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
+    output_regions: list[TensorRef] = []
 
 
 class Release(_Msg, tag=3):
@@ -77,7 +82,13 @@ class MetricValueReply(_Msg, tag=5):
     value: float
 
 
-ServerToWorker = Load | Infer | Release | Shutdown | MetricValueReply
+class UnmapRegions(_Msg, tag=6):
+    """These client regions are gone: drop their mappings (no request uses them now)."""
+
+    regions: list[int]
+
+
+ServerToWorker = Load | Infer | Release | Shutdown | MetricValueReply | UnmapRegions
 
 # ---- worker -> server -----------------------------------------------------------------
 

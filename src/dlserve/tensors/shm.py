@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import stat
 from typing import Final
 
 SHM_DIR: Final = "/dev/shm"
@@ -96,6 +97,33 @@ def unlink_name(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name.lstrip("/")))
     except FileNotFoundError:
         pass
+
+
+def open_client_object(key: str) -> int:
+    """A read-write descriptor of a client's POSIX shared-memory object (``shm_open``'s
+    name: leading slashes optional, no other slash), close-on-exec.
+
+    A symbolic link is not followed and anything but a regular file is refused, so a
+    key cannot make the opener map some other file. Raises OSError, or ValueError for a
+    name that shm_open would refuse.
+    """
+    name = key.lstrip("/")
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(f"'{key}' is not a shared-memory object name")
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.path.join(SHM_DIR, name), flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"'{key}' is not a shared-memory object")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def object_size(fd: int) -> int:
+    """The current size of an open shared-memory object (a client may change it)."""
+    return os.fstat(fd).st_size
 
 
 class Arena:

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -22,7 +22,7 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import Arena, ShmSegment
-from dlserve.types import InputTensor, OutputTensor
+from dlserve.types import InputTensor, OutputTensor, RegionSpan
 
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
@@ -42,6 +42,19 @@ class WorkerReply:
 class _Pending:
     future: asyncio.Future[tuple[m.InferDone, memoryview]]
     arena_offsets: list[int]
+
+
+_NO_SPANS: Final[Mapping[str, RegionSpan]] = {}
+
+
+def _region_ref(
+    name: str, datatype: str, span: RegionSpan, shape: list[int] | None = None
+) -> m.TensorRef:
+    """A tensor in (or an output going to) a client region; ``nbytes`` is the span's size."""
+    return m.TensorRef(
+        name, datatype, shape or [], m.Where.CLIENT_REGION, span.offset, span.byte_size,
+        span.region_id, span.key,
+    )  # fmt: skip
 
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
@@ -162,23 +175,34 @@ class WorkerBase:
         inputs: list[InputTensor],
         outputs: list[str],
         parameters: dict[str, m.ParamValue],
+        input_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        output_spans: Mapping[str, RegionSpan] = _NO_SPANS,
     ) -> WorkerReply:
+        """Run one request. Inputs without data are in client regions (``input_spans``,
+        by name); outputs named in ``output_spans`` are written into client regions."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
         rid = next(self._rids)
-        refs, payload, offsets = self._place_inputs(inputs)
+        refs, payload, offsets = self._place_inputs(inputs, input_spans)
         future: asyncio.Future[tuple[m.InferDone, memoryview]]
         future = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(future, offsets)
         release, self._release = self._release, []
         msg = m.Infer(rid, request_id, refs, outputs, parameters, release)
+        if output_spans:
+            msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
         channel.send(msg, payload)
         done, payload_back = await future
         return self._reply(done, payload_back)
 
+    def unmap_regions(self, regions: list[int]) -> None:
+        """These client regions are gone: the worker drops its mappings of them."""
+        if self._channel is not None:
+            self._channel.send(m.UnmapRegions(regions))
+
     def _place_inputs(
-        self, inputs: list[InputTensor]
+        self, inputs: list[InputTensor], spans: Mapping[str, RegionSpan]
     ) -> tuple[list[m.TensorRef], list[memoryview], list[int]]:
         refs: list[m.TensorRef] = []
         payload: list[memoryview] = []
@@ -186,7 +210,10 @@ class WorkerBase:
         inline_offset = 0
         for tensor in inputs:
             data = tensor.data
-            assert data is not None
+            if data is None:  # in a client's region: the worker maps it, nothing to copy
+                refs.append(_region_ref(tensor.name, tensor.datatype, spans[tensor.name],
+                                        list(tensor.shape)))  # fmt: skip
+                continue
             nbytes = data.nbytes
             arena_offset = self.input_arena.alloc(nbytes) if nbytes > INLINE_INPUT_LIMIT else None
             if arena_offset is None:

@@ -107,6 +107,9 @@ class _Serving:
         elif isinstance(msg, m.Release):
             if self.runner is not None:
                 self.runner.release(msg.offsets)
+        elif isinstance(msg, m.UnmapRegions):
+            if self.runner is not None:
+                self.runner.unmap_regions(msg.regions)
         elif isinstance(msg, m.Load):
             self.runner = load(self.worker, msg, self.runner, self.arenas)
         elif isinstance(msg, m.Shutdown):

@@ -1,8 +1,9 @@
 """Runs one model instance inside a worker: load, execute, finalize.
 
 Inputs become numpy views of the bytes the server delivered (the frame's
-payload, or the input arena); outputs go back inline when small, or through
-this worker's output arena.
+payload, or the input arena) or of a client's shared-memory region; outputs go
+back inline when small, through this worker's output arena, or straight into
+the client region the request names for them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import importlib.util
 import inspect
 import json
+import math
 import os
 import sys
 import time
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -27,6 +30,7 @@ from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
+from dlserve.workers.regions import ClientRegions
 
 # Outputs up to this size travel in the reply frame; larger ones through the arena.
 INLINE_OUTPUT_LIMIT = 64 * 1024
@@ -72,6 +76,7 @@ class ModelRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
+        self.regions = ClientRegions()
 
     # -- loading ------------------------------------------------------------------------
     def update(self, load: m.Load) -> None:
@@ -162,10 +167,13 @@ class ModelRunner:
     ) -> tuple[npt.NDArray[Any], dtypes.DType]:
         dtype = dtypes.BY_WIRE[ref.datatype]
         if ref.where == m.Where.PAYLOAD:
-            source = payload
+            raw = payload[ref.offset : ref.offset + ref.nbytes]
+        elif ref.where == m.Where.CLIENT_REGION:  # writable: the model may write into it
+            raw = self.regions.view(ref, f"input '{ref.name}'")
+            if dtype.is_bytes:
+                return _region_bytes(ref, raw), dtype
         else:
-            source = self.input_arena.buffer
-        raw = source[ref.offset : ref.offset + ref.nbytes]
+            raw = self.input_arena.buffer[ref.offset : ref.offset + ref.nbytes]
         if dtype.is_bytes:
             return dtypes.deserialize_bytes(raw).reshape(ref.shape), dtype
         return np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape), dtype
@@ -190,13 +198,15 @@ class ModelRunner:
         self, msg: m.Infer, response: pb_utils.InferenceResponse
     ) -> tuple[m.InferDone, list[memoryview]]:
         wanted = set(msg.outputs)
+        targets = {t.name: t for t in msg.output_regions}
         refs: list[m.TensorRef] = []
         buffers: list[memoryview] = []
         offset = 0
         for tensor in response.output_tensors():
             if wanted and tensor.name() not in wanted:
                 continue
-            ref, buffer = self._output_ref(tensor, offset)
+            target = targets.get(tensor.name()) if targets else None
+            ref, buffer = self._output_ref(tensor, offset, target)
             refs.append(ref)
             if buffer is not None:
                 buffers.append(buffer)
@@ -206,7 +216,7 @@ class ModelRunner:
         return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
 
     def _output_ref(
-        self, tensor: pb_utils.Tensor, offset: int
+        self, tensor: pb_utils.Tensor, offset: int, target: m.TensorRef | None = None
     ) -> tuple[m.TensorRef, memoryview | None]:
         array = tensor.storage
         dtype = tensor.dtype
@@ -216,6 +226,8 @@ class ModelRunner:
         else:
             # flat bytes: memoryview cannot cast a view with a zero in its shape
             data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        if target is not None:
+            return self._write_to_region(tensor.name(), dtype.wire, shape, data, target), None
         if data.nbytes > INLINE_OUTPUT_LIMIT:
             arena_offset = self.output_arena.alloc(data.nbytes)
             if arena_offset is not None:
@@ -232,6 +244,24 @@ class ModelRunner:
         return m.TensorRef(
             tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes
         ), data
+
+    def _write_to_region(
+        self, name: str, datatype: str, shape: list[int], data: memoryview, target: m.TensorRef
+    ) -> m.TensorRef:
+        """The output's one copy: from the model's array into the client's region."""
+        if data.nbytes > target.nbytes:
+            raise TritonError(
+                f"shared memory size specified with the request for output '{name}' "
+                f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the "
+                "results",
+                TritonError.INTERNAL,
+            )
+        written = msgspec.structs.replace(target, nbytes=data.nbytes)
+        self.regions.view(written, f"output '{name}'")[:] = data
+        return msgspec.structs.replace(written, datatype=datatype, shape=shape)
+
+    def unmap_regions(self, regions: list[int]) -> None:
+        self.regions.unmap(regions)
 
     def _error_reply(self, rid: int, exc: BaseException) -> m.InferDone:
         if isinstance(exc, TritonError):
@@ -250,5 +280,25 @@ class ModelRunner:
                 self._call(self.model.finalize)
             except Exception:
                 traceback.print_exc()
+        self.regions.close()
         self.output_segment.close()
         self.input_arena.close()
+
+
+def _region_bytes(ref: m.TensorRef, raw: memoryview) -> npt.NDArray[Any]:
+    """A BYTES input from a client region, checked here: the server never reads it."""
+    try:
+        items = dtypes.deserialize_bytes(raw)
+    except ValueError as exc:
+        raise TritonError(
+            f"input '{ref.name}' in shared memory is not valid BYTES data: {exc}",
+            TritonError.INVALID_ARG,
+        ) from None
+    expected = math.prod(ref.shape)
+    if items.size != expected:
+        raise TritonError(
+            f"unexpected number of string elements {items.size} for inference input "
+            f"'{ref.name}', expecting {expected}",
+            TritonError.INVALID_ARG,
+        )
+    return items.reshape(ref.shape)

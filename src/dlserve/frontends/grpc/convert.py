@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.errors import InvalidArgumentError, UnsupportedError
+from dlserve.frontends.grpc import shm
 from dlserve.tensors import dtypes
 from dlserve.types import (
     InferRequest,
@@ -44,7 +45,6 @@ _RAW_INPUT_KEY: Final = (7 << 3) | 2  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents
 _STREAM_RESPONSE_TAG: Final = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response
 _MALFORMED: Final = "malformed ModelInferRequest"
-_SHARED_MEMORY_PARAMS: Final = ("shared_memory_region", "shared_memory_byte_size")
 
 
 # -- protobuf wire format --------------------------------------------------------------
@@ -204,23 +204,20 @@ def contents_bytes(tensor: Any, model: str) -> memoryview:
     return memoryview(found if found is not None else b"")
 
 
-def _reject_shared_memory(params: Parameters, what: str) -> None:
-    for key in _SHARED_MEMORY_PARAMS:
-        if key in params:
-            raise UnsupportedError(
-                f"{what} uses parameter '{key}': shared memory is not supported yet"
-            )
-
-
 def _input_tensors(message: Any, raws: Sequence[memoryview]) -> list[InputTensor]:
     model = message.model_name
     inputs: list[InputTensor] = []
     used = 0
     for tensor in message.inputs[:]:  # a slice iterates faster than the container
-        params = params_from_message(tensor.parameters) if tensor.parameters else {}
-        if params:
-            _reject_shared_memory(params, f"input '{tensor.name}'")
-        if tensor.HasField("contents"):
+        params: Parameters = {}
+        region = None
+        if tensor.parameters:
+            region = shm.region_of(tensor)
+            params = shm.without_region_keys(params_from_message(tensor.parameters))
+        data: memoryview | None = None
+        if region is not None:
+            pass  # in a client's region: no bytes in the request
+        elif tensor.HasField("contents"):
             if raws:
                 raise InvalidArgumentError(
                     "contents field must not be specified when using raw_input_contents for "
@@ -236,11 +233,11 @@ def _input_tensors(message: Any, raws: Sequence[memoryview]) -> list[InputTensor
                 "request."
             )
         shape = tuple(tensor.shape[:])  # twice as fast as tuple(container)
-        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, params))
+        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, params, region))
     if used != len(raws):
         raise InvalidArgumentError(
-            f"expected {len(message.inputs)} raw_input_contents for model '{model}' (one per "
-            f"input), got {len(raws)}"
+            f"expected {used} raw_input_contents for model '{model}' (one per input not in "
+            f"shared memory), got {len(raws)}"
         )
     return inputs
 
@@ -250,10 +247,11 @@ def _requested_outputs(message: Any) -> list[RequestedOutput]:
     if not message.outputs:  # the common case; iterating even an empty container costs
         return outputs
     for output in message.outputs[:]:
-        params = params_from_message(output.parameters) if output.parameters else {}
-        if params:
-            _reject_shared_memory(params, f"output '{output.name}'")
-        outputs.append(RequestedOutput(output.name, params))
+        if not output.parameters:
+            outputs.append(RequestedOutput(output.name))
+            continue
+        params = shm.without_region_keys(params_from_message(output.parameters))
+        outputs.append(RequestedOutput(output.name, params, shm.region_of(output)))
     return outputs
 
 

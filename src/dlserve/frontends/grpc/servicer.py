@@ -18,9 +18,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.core.service import InferenceService
 from dlserve.errors import DlserveError, FatalError, InvalidArgumentError, UnsupportedError
-from dlserve.frontends.grpc import convert
+from dlserve.frontends.grpc import convert, shm
 from dlserve.frontends.grpc.errors import error_message, grpc_errors
-from dlserve.types import InferRequest
+from dlserve.types import InferRequest, Peer
 
 log = logging.getLogger("dlserve.grpc")
 
@@ -33,7 +33,7 @@ SERVER_OPTIONS: Final = (
 )
 STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 
-_SHM_LATER: Final = "shared memory is not supported yet (it lands in a later release)"
+_CUDA_SHM_LATER: Final = "CUDA shared memory is not supported yet (it lands in a later release)"
 
 
 class GrpcServicer:
@@ -72,7 +72,9 @@ class GrpcServicer:
     # -- inference ----------------------------------------------------------------------
     @grpc_errors
     async def model_infer(self, request: bytes, context: Any) -> bytes:
-        response = await self._service.infer(convert.parse_infer_request(request))
+        parsed = convert.parse_infer_request(request)
+        parsed.peer = shm.peer_of(context.peer())
+        response = await self._service.infer(parsed)
         return convert.serialize_infer_response(response)
 
     async def model_stream_infer(
@@ -84,7 +86,8 @@ class GrpcServicer:
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
         pending: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(requests, window, pending))
+        peer = shm.peer_of(context.peer())
+        reader = asyncio.create_task(self._read_stream(requests, window, pending, peer))
         try:
             while (task := await pending.get()) is not None:
                 response = await task
@@ -99,19 +102,20 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[bytes], window: asyncio.Semaphore,
-        pending: asyncio.Queue[asyncio.Task[bytes] | None],
+        pending: asyncio.Queue[asyncio.Task[bytes] | None], peer: Peer,
     ) -> None:  # fmt: skip
         try:
             async for data in requests:
                 await window.acquire()
-                pending.put_nowait(asyncio.create_task(self._stream_one(data)))
+                pending.put_nowait(asyncio.create_task(self._stream_one(data, peer)))
         finally:
             pending.put_nowait(None)
 
-    async def _stream_one(self, data: bytes) -> bytes:
+    async def _stream_one(self, data: bytes, peer: Peer) -> bytes:
         request: InferRequest | None = None
         try:
             request = convert.parse_infer_request(data)
+            request.peer = peer
             return convert.serialize_stream_response(await self._service.infer(request))
         except Exception as exc:
             if not isinstance(exc, DlserveError):
@@ -144,10 +148,27 @@ class GrpcServicer:
         await self._service.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    # -- shared memory (a later issue) --------------------------------------------------
+    # -- shared memory ------------------------------------------------------------------
     @grpc_errors
-    async def shared_memory_unsupported(self, request: Any, context: Any) -> Any:
-        raise UnsupportedError(_SHM_LATER)
+    async def system_shm_status(self, request: Any, context: Any) -> Any:
+        return shm.status_response(self._service.shm_status(request.name))
+
+    @grpc_errors
+    async def system_shm_register(self, request: Any, context: Any) -> Any:
+        peer = shm.peer_of(context.peer())
+        self._service.register_shm(
+            request.name, request.key, request.offset, request.byte_size, peer
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @grpc_errors
+    async def system_shm_unregister(self, request: Any, context: Any) -> Any:
+        self._service.unregister_shm(request.name, shm.peer_of(context.peer()))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @grpc_errors
+    async def cuda_shm_unsupported(self, request: Any, context: Any) -> Any:
+        raise UnsupportedError(_CUDA_SHM_LATER)
 
     # -- trace and log settings ---------------------------------------------------------
     @grpc_errors
@@ -175,7 +196,7 @@ def _unary(method: Any, request_type: Any, response_type: Any) -> Any:
 
 def method_handlers(s: GrpcServicer) -> dict[str, Any]:
     """The service's method table; the two infer RPCs pass bytes through unparsed."""
-    shm = s.shared_memory_unsupported
+    cuda = s.cuda_shm_unsupported
     return {
         "ServerLive": _unary(s.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
         "ServerReady": _unary(s.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
@@ -196,17 +217,20 @@ def method_handlers(s: GrpcServicer) -> dict[str, Any]:
         "RepositoryModelUnload": _unary(s.repository_model_unload,
                                         pb.RepositoryModelUnloadRequest,
                                         pb.RepositoryModelUnloadResponse),
-        "SystemSharedMemoryStatus": _unary(shm, pb.SystemSharedMemoryStatusRequest,
+        "SystemSharedMemoryStatus": _unary(s.system_shm_status,
+                                           pb.SystemSharedMemoryStatusRequest,
                                            pb.SystemSharedMemoryStatusResponse),
-        "SystemSharedMemoryRegister": _unary(shm, pb.SystemSharedMemoryRegisterRequest,
+        "SystemSharedMemoryRegister": _unary(s.system_shm_register,
+                                             pb.SystemSharedMemoryRegisterRequest,
                                              pb.SystemSharedMemoryRegisterResponse),
-        "SystemSharedMemoryUnregister": _unary(shm, pb.SystemSharedMemoryUnregisterRequest,
+        "SystemSharedMemoryUnregister": _unary(s.system_shm_unregister,
+                                               pb.SystemSharedMemoryUnregisterRequest,
                                                pb.SystemSharedMemoryUnregisterResponse),
-        "CudaSharedMemoryStatus": _unary(shm, pb.CudaSharedMemoryStatusRequest,
+        "CudaSharedMemoryStatus": _unary(cuda, pb.CudaSharedMemoryStatusRequest,
                                          pb.CudaSharedMemoryStatusResponse),
-        "CudaSharedMemoryRegister": _unary(shm, pb.CudaSharedMemoryRegisterRequest,
+        "CudaSharedMemoryRegister": _unary(cuda, pb.CudaSharedMemoryRegisterRequest,
                                            pb.CudaSharedMemoryRegisterResponse),
-        "CudaSharedMemoryUnregister": _unary(shm, pb.CudaSharedMemoryUnregisterRequest,
+        "CudaSharedMemoryUnregister": _unary(cuda, pb.CudaSharedMemoryUnregisterRequest,
                                              pb.CudaSharedMemoryUnregisterResponse),
         "TraceSetting": _unary(s.trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
         "LogSettings": _unary(s.log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),

@@ -31,6 +31,7 @@ from dlserve import errors
 from dlserve.core.service import InferenceService
 from dlserve.frontends.http import convert
 from dlserve.frontends.http.errors import error_body, error_reply
+from dlserve.frontends.http.shm import SystemSharedMemoryRoutes, peer_of
 
 log = logging.getLogger("dlserve.http")
 
@@ -205,7 +206,8 @@ class InferEndpoint:
         parts: list[bytes | memoryview]
         try:
             headers = _scan_headers(scope["headers"])
-            status, out, parts = await self._infer(model, version, headers, receive)
+            client = scope.get("client")
+            status, out, parts = await self._infer(model, version, headers, receive, client)
         except errors.DlserveError as exc:
             status, body = error_reply(exc)
             out, parts = [_JSON], [body]
@@ -215,13 +217,14 @@ class InferEndpoint:
         await send_reply(send, status, out, parts)
 
     async def _infer(
-        self, model: str, version: str, headers: _Headers, receive: Receive
+        self, model: str, version: str, headers: _Headers, receive: Receive, client: object
     ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:
         body = await read_body(receive, headers.content_length, self.limit)
         if headers.content_encoding:
             body = decompress(body, headers.content_encoding, self.limit)
         length = _header_length(headers.header_length, len(body))
         request, plan = convert.parse_infer_request(body, length, model, version)
+        request.peer = peer_of(client)
         response = await self.service.infer(request)
         header, blobs = convert.encode_infer_response(response, plan)
         parts: list[bytes | memoryview] = [header, *blobs]
@@ -288,8 +291,8 @@ class HttpApp:
             Route("/v2/repository/models/{model}/load", self.load, methods=post),
             Route("/v2/repository/models/{model}/unload", self.unload, methods=post),
             Route("/v2/logging", self.logging, methods=both),
-            Route("/v2/systemsharedmemory/{action:path}", self.shared_memory, methods=both),
-            Route("/v2/cudasharedmemory/{action:path}", self.shared_memory, methods=both),
+            *SystemSharedMemoryRoutes(self.service, self._body, convert.encode_json).routes(),
+            Route("/v2/cudasharedmemory/{action:path}", self.cuda_shared_memory, methods=both),
         ]
 
     async def _body(self, request: Request, what: str) -> convert.JsonObject:
@@ -374,9 +377,8 @@ class HttpApp:
             self.service.trace.update(model, _trace_updates(body))
         return _json(_trace_view(self.service.trace.get(model)))
 
-    async def shared_memory(self, request: Request) -> Response:
-        kind = "CUDA" if request.url.path.startswith("/v2/cuda") else "system"
-        raise errors.UnsupportedError(f"{kind} shared memory is not supported by this server yet")
+    async def cuda_shared_memory(self, request: Request) -> Response:
+        raise errors.UnsupportedError("CUDA shared memory is not supported by this server yet")
 
 
 def _model(request: Request) -> tuple[str, str]:

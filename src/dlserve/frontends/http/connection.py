@@ -29,12 +29,16 @@ _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"expect"))
 _ASGI = {"version": "3.0"}
 
 
+class _HeadTooLarge(Exception):
+    """The request line and headers are longer than ``max_header_size``."""
+
+
 class Connection(asyncio.Protocol):
     __slots__ = (
-        "active", "app", "buffered", "chunked", "client", "closing", "content_length", "drain_waiter",
-        "eof", "error", "expect", "header_bytes", "headers", "in_headers", "local", "loop",
-        "parser", "parsing", "paused", "queue", "server", "transport", "upgraded", "url",
-        "write_paused",
+        "active", "app", "buffered", "chunked", "client", "closing", "content_length",
+        "drain_waiter", "eof", "error", "expect", "head_size", "header_bytes", "headers",
+        "in_headers", "local", "loop", "parser", "parsing", "paused", "queue", "server",
+        "transport", "upgraded", "url", "write_paused",
     )  # fmt: skip
 
     def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
@@ -63,6 +67,7 @@ class Connection(asyncio.Protocol):
 
     def _new_message(self) -> None:
         self.url = b""
+        self.head_size = 0  # of the header names and values
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length = 0
         self.chunked = False
@@ -125,11 +130,14 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self.upgraded = True
         except httptools.HttpParserError as exc:
-            log.debug("malformed HTTP request from %s: %s", self.client, exc)
-            self._fail(400, b"Bad Request")
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._fail(431, b"Request Header Fields Too Large")
+            else:
+                log.debug("malformed HTTP request from %s: %s", self.client, exc)
+                self._fail(400, b"Bad Request")
             return
         if self.in_headers and self.header_bytes > self.server.max_header_size:
-            self._fail(431, b"Request Header Fields Too Large")
+            self._fail(431, b"Request Header Fields Too Large")  # and still incomplete
 
     # --- httptools callbacks (on_message_begin left out: one call less per request) --------
 
@@ -137,6 +145,7 @@ class Connection(asyncio.Protocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value)
         name = name.lower()
         self.headers.append((name, value))
         if name in _FRAMING:
@@ -148,6 +157,8 @@ class Connection(asyncio.Protocol):
                 self.expect = value.lower() == b"100-continue"
 
     def on_headers_complete(self) -> None:
+        if len(self.url) + self.head_size > self.server.max_header_size:
+            raise _HeadTooLarge
         parser = self.parser
         keep_alive = parser.should_keep_alive() and not parser.should_upgrade()
         exchange = Exchange(self, self._scope(parser), keep_alive, self.expect)
@@ -157,8 +168,10 @@ class Connection(asyncio.Protocol):
         else:
             exchange.deferred = True
         self.in_headers = False
-        self.header_bytes = 0
-        self._new_message()
+        self.header_bytes = self.head_size = self.content_length = 0
+        self.url = b""
+        self.headers = []
+        self.chunked = self.expect = False
 
     def _scope(self, parser: httptools.HttpRequestParser) -> dict[str, Any]:
         url = self.url
@@ -184,7 +197,7 @@ class Connection(asyncio.Protocol):
         exchange.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused:
-            self._update_reading()
+            self.update_reading()
         if exchange.waiter is not None:
             exchange.wake()
 
@@ -209,13 +222,7 @@ class Connection(asyncio.Protocol):
             exchange.start(self.app)
         else:
             self.queue.append(exchange)
-            self._update_reading()
-
-    def consumed(self, size: int) -> None:
-        """An app took ``size`` buffered body bytes."""
-        self.buffered -= size
-        if self.paused:
-            self._update_reading()
+            self.update_reading()
 
     def response_done(self, exchange: Exchange) -> None:
         """``exchange``'s response is out: close, or go on with the next request."""
@@ -229,17 +236,19 @@ class Connection(asyncio.Protocol):
             self.active = self.queue.popleft()
             self.active.start(self.app)
             if not self.queue:
-                self._update_reading()
+                self.update_reading()
         elif self.error is not None:
             self.write(self.error)
             self.close()
         elif self.upgraded:
             self.close()
         elif self.paused:
-            self._update_reading()
+            self.update_reading()
 
-    def _update_reading(self) -> None:
-        pause = self.buffered > HIGH_WATER or bool(self.queue)
+    def update_reading(self) -> None:
+        """Pause or resume reading: paused while a request waits in the queue, while
+        more than HIGH_WATER body bytes wait for an app, or after a malformed request."""
+        pause = self.buffered > HIGH_WATER or bool(self.queue) or self.error is not None
         transport = self.transport
         if pause == self.paused or transport is None or transport.is_closing():
             return
@@ -263,6 +272,8 @@ class Connection(asyncio.Protocol):
         if self.active is None:
             self.write(self.error)
             self.close()
+        else:
+            self.update_reading()  # the rest is not read
 
     # --- used by exchanges and the server ---------------------------------------------------
 

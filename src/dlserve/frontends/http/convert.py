@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlserve.errors import InternalError, InvalidArgumentError
+from dlserve.frontends.http import shm
 from dlserve.tensors import dtypes
 from dlserve.types import (
     DurationStat,
@@ -128,7 +129,9 @@ def _input_tensor(
         )
     shape = tuple(item.shape)
     if has_region:
-        return InputTensor(item.name, item.datatype, shape, None, params), offset
+        region = shm.region_of(params)
+        rest = shm.without_region_keys(params)
+        return InputTensor(item.name, item.datatype, shape, None, rest, region), offset
     if has_data:
         data = json_to_tensor_bytes(item.name, item.datatype, shape, item.data)
         return InputTensor(item.name, item.datatype, shape, data, params), offset
@@ -150,10 +153,20 @@ def _input_tensor(
 
 def _requested_output(item: _OutputJSON, plan: OutputPlan) -> RequestedOutput:
     params = item.parameters
+    if "shared_memory_region" in params:
+        return _output_in_region(item.name, params)
     if "binary_data" not in params:
         return RequestedOutput(item.name, params)
     plan.binary[item.name] = _flag(params, "binary_data")
     return RequestedOutput(item.name, {k: v for k, v in params.items() if k != "binary_data"})
+
+
+def _output_in_region(name: str, params: Parameters) -> RequestedOutput:
+    for key in ("classification", "binary_data"):
+        if key in params and (key == "classification" or _flag(params, key)):
+            raise InvalidArgumentError(f"Output can't set both 'shared_memory_region' and '{key}'")
+    rest = {k: v for k, v in shm.without_region_keys(params).items() if k != "binary_data"}
+    return RequestedOutput(name, rest, shm.region_of(params))
 
 
 def _flag(params: Parameters, key: str) -> bool:

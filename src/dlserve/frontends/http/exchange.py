@@ -91,6 +91,9 @@ class Exchange:
     async def run(self, app: App) -> None:
         try:
             await app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:  # stop() ran out of time, or the app gave up
+            self._fail()
+            raise
         except Exception:
             log.exception("HTTP app failed on %s %s", self.scope["method"], self.scope["path"])
             self._fail()
@@ -101,7 +104,7 @@ class Exchange:
                 self._fail()
         finally:
             server = self.connection.server
-            server.tasks.discard(self.task)  # type: ignore[arg-type]
+            server.tasks.discard(self.task)
             if server.stopping:
                 server.check_drained()
 
@@ -118,7 +121,8 @@ class Exchange:
 
     def _complete(self) -> None:
         self.response_complete = True
-        self.wake()
+        if self.waiter is not None:
+            self.wake()
         self.connection.response_done(self)
 
     def wake(self) -> None:
@@ -137,29 +141,25 @@ class Exchange:
             self.expects_continue = False
             if not self.started and not self.request_complete:
                 self.connection.write(_CONTINUE)
-        while True:
-            if self.disconnected or self.response_complete:
-                return {"type": "http.disconnect"}
-            if self.chunks or (self.request_complete and not self.body_taken):
-                return self._take()
+        while not (self.disconnected or self.response_complete):
+            chunks = self.chunks
+            if chunks or (self.request_complete and not self.body_taken):
+                body = chunks.pop() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                more = not self.request_complete
+                self.body_taken = not more
+                if body:
+                    connection = self.connection
+                    connection.buffered -= len(body)
+                    if connection.paused:
+                        connection.update_reading()
+                return {"type": "http.request", "body": body, "more_body": more}
             waiter = self.waiter = self.connection.loop.create_future()
             try:
                 await waiter
             finally:
                 self.waiter = None
-
-    def _take(self) -> Message:
-        chunks = self.chunks
-        if len(chunks) == 1:
-            body = chunks.pop()
-        else:
-            body = b"".join(chunks)
-            chunks.clear()
-        more = not self.request_complete
-        self.body_taken = not more
-        if body:
-            self.connection.consumed(len(body))
-        return {"type": "http.request", "body": body, "more_body": more}
+        return {"type": "http.disconnect"}
 
     # --- send -------------------------------------------------------------------------------
 
@@ -171,7 +171,14 @@ class Exchange:
             return
         kind = message["type"]
         if kind == "http.response.body" and self.started and not self.response_complete:
-            self._body(message.get("body", b""), message.get("more_body", False))
+            body = message.get("body", b"")
+            more = message.get("more_body", False)
+            self._write(body, len(body) if type(body) is bytes else memoryview(body).nbytes, more)
+            if not more:
+                if self.remaining:
+                    connection.close()
+                    raise RuntimeError("response body shorter than its Content-Length")
+                self._complete()
         elif kind == "http.response.start" and not self.started:
             self.started = True
             self.status = message["status"]
@@ -180,25 +187,16 @@ class Exchange:
             state = "completed" if self.response_complete else "started" if self.started else "new"
             raise RuntimeError(f"unexpected ASGI message {kind!r} for a {state} response")
 
-    def _body(self, body: bytes | memoryview, more: bool) -> None:
-        size = len(body) if type(body) is bytes else memoryview(body).nbytes
-        head = b""
+    def _write(self, body: bytes | memoryview, size: int, more: bool) -> None:
+        """One write: the head (before the first body), the body, its framing."""
+        parts: list[bytes | memoryview] = []
         if not self.head_written:
-            head = self._head(None if more else size)
-        self._write(head, body, size, more)
-        self.head_written = True
-        if not more:
-            if self.remaining:
-                self.connection.close()
-                raise RuntimeError("response body shorter than its Content-Length")
-            self._complete()
-
-    def _write(self, head: bytes, body: bytes | memoryview, size: int, more: bool) -> None:
-        parts: list[bytes | memoryview]
+            parts.append(self._head(None if more else size))
         if self.bodiless:
-            parts = [head]
+            pass
         elif self.chunked:
-            parts = [head, b"%x\r\n" % size, body, b"\r\n"] if size else [head]
+            if size:
+                parts += (b"%x\r\n" % size, body, b"\r\n")
             if not more:
                 parts.append(b"0\r\n\r\n")
         else:
@@ -206,29 +204,32 @@ class Exchange:
                 self.remaining -= size
                 if self.remaining < 0:
                     raise RuntimeError("response body longer than its Content-Length")
-            parts = [head, body]
+            parts.append(body)
+        self.head_written = True
+        transport = self.connection.transport
+        if transport is None or transport.is_closing():
+            return
         if size > _JOIN_LIMIT:
-            self.connection.writelines(parts)
+            transport.writelines(parts)
         else:
-            data = b"".join(parts)
-            if data:
-                self.connection.write(data)
+            transport.write(b"".join(parts))
 
     def _head(self, size: int | None) -> bytes:
         """Status line and headers; sets how the body is framed. ``size``: the whole
         body's, when the app gives it in one message."""
         block, length, chunked, says_close = self._app_headers()
         scope, status = self.scope, self.status
-        lines = [status_line(status), block]
+        lines = [_STATUS_LINES.get(status) or status_line(status), block]
         self.bodiless = scope["method"] == "HEAD" or status < 200 or status in (204, 304)
-        close = not self.keep_alive or says_close or self.connection.closing
+        connection = self.connection
+        close = not self.keep_alive or says_close or connection.closing or connection.eof
         close = close or (self.expects_continue and not self.request_complete)  # body unsent
-        if chunked:
-            self.chunked = not self.bodiless
+        if self.bodiless:
+            pass  # whatever the headers say, no body follows
+        elif chunked:
+            self.chunked = True
         elif length is not None:
             self.remaining = length
-        elif self.bodiless:
-            pass
         elif size is not None:
             lines.append(b"content-length: %d\r\n" % size)
             self.remaining = size
@@ -243,7 +244,7 @@ class Exchange:
                 lines.append(b"connection: close\r\n")
         elif scope["http_version"] == "1.0":
             lines.append(b"connection: keep-alive\r\n")
-        lines += (self.connection.server.common_headers(), b"\r\n")
+        lines += (connection.server.common_headers, b"\r\n")
         return b"".join(lines)
 
     def _app_headers(self) -> tuple[bytes, int | None, bool, bool]:

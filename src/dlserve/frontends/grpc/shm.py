@@ -1,0 +1,96 @@
+"""gRPC translation for system shared memory: region parameters, status, the peer.
+
+A tensor names a region with three parameters, typed as Triton types them
+(``src/grpc/grpc_utils.h``): ``shared_memory_region`` a string_param,
+``shared_memory_offset`` and ``shared_memory_byte_size`` int64_params.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+from urllib.parse import unquote
+
+from tritonclient.grpc import service_pb2 as pb
+
+from dlserve.errors import InvalidArgumentError
+from dlserve.types import Parameters, Peer, RegionRef, RegionStatus
+
+REGION_KEYS: Final = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+_RegionStatusMessage: Final = pb.SystemSharedMemoryStatusResponse.RegionStatus
+
+
+def region_of(tensor: Any) -> RegionRef | None:
+    """The region an input or requested output names in its parameters, if any."""
+    params = tensor.parameters
+    name = tensor.name
+    region: str | None = None
+    if "shared_memory_region" in params:
+        param = params["shared_memory_region"]
+        if param.WhichOneof("parameter_choice") != "string_param":
+            raise InvalidArgumentError(
+                "invalid value type for 'shared_memory_region' parameter for tensor "
+                f"'{name}', expected string_param."
+            )
+        region = param.string_param
+    offset = _int64_param(params, "shared_memory_offset", name, region)
+    byte_size = _int64_param(params, "shared_memory_byte_size", name, region)
+    if region is None:
+        return None
+    if byte_size is None:
+        raise InvalidArgumentError(
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+            f"parameter for tensor '{name}'"
+        )
+    return RegionRef(region, byte_size, offset or 0)
+
+
+def _int64_param(params: Any, key: str, tensor: str, region: str | None) -> int | None:
+    if key not in params:
+        return None
+    if region is None:
+        raise InvalidArgumentError(
+            f"'{key}' can not be specified without 'shared_memory_region' parameter for "
+            f"tensor '{tensor}'"
+        )
+    param = params[key]
+    if param.WhichOneof("parameter_choice") != "int64_param":
+        raise InvalidArgumentError(
+            f"invalid value type for '{key}' parameter for tensor '{tensor}', expected int64_param."
+        )
+    value: int = param.int64_param
+    return value
+
+
+def without_region_keys(params: Parameters) -> Parameters:
+    """A tensor's parameters less the ones that name its region (consumed here)."""
+    if not any(key in params for key in REGION_KEYS):
+        return params
+    return {k: v for k, v in params.items() if k not in REGION_KEYS}
+
+
+def status_response(regions: Sequence[RegionStatus]) -> Any:
+    return pb.SystemSharedMemoryStatusResponse(
+        regions={
+            r.name: _RegionStatusMessage(
+                name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+            )
+            for r in regions
+        }
+    )
+
+
+def peer_of(text: str | None) -> Peer:
+    """gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path") as a Peer.
+
+    Anything else is a peer that cannot be told: Peer(""), which counts as remote.
+    """
+    kind, _, rest = (text or "").partition(":")
+    if kind in ("unix", "unix-abstract"):
+        return Peer(None)
+    if kind == "ipv4":
+        return Peer(rest.rpartition(":")[0])
+    if kind == "ipv6":
+        host = unquote(rest).rpartition(":")[0]
+        return Peer(host.removeprefix("[").removesuffix("]"))
+    return Peer("")

@@ -1,0 +1,112 @@
+"""HTTP translation for system shared memory: region parameters, and the
+``/v2/systemsharedmemory[/region/{name}]/status|register|unregister`` routes.
+
+Shapes and messages are Triton's (``src/http_server.cc``): a status is a JSON list of
+``{"name", "key", "offset", "byte_size"}``; register takes ``{"key", "offset",
+"byte_size"}`` (offset optional); the region parameters of a tensor are unsigned integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dlserve import errors
+from dlserve.core.service import InferenceService
+from dlserve.types import Parameters, Peer, RegionRef
+
+JsonObject = dict[str, Any]
+ReadJson = Callable[[Request, str], Awaitable[JsonObject]]
+Encode = Callable[[object], bytes]
+_PREFIX = "/v2/systemsharedmemory"
+
+
+# --- tensors ---------------------------------------------------------------------------
+
+
+def region_of(params: Parameters) -> RegionRef:
+    """The region an input's or output's parameters name (``shared_memory_region`` set)."""
+    region = params["shared_memory_region"]
+    if type(region) is not str:
+        raise errors.InvalidArgumentError("Unable to parse 'shared_memory_region'")
+    offset = _unsigned(params, "shared_memory_offset")
+    byte_size = _unsigned(params, "shared_memory_byte_size")
+    return RegionRef(region, byte_size, offset)
+
+
+def _unsigned(params: Parameters | JsonObject, key: str) -> int:
+    value = params.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise errors.InvalidArgumentError(f"Unable to parse '{key}'")
+    return value
+
+
+def without_region_keys(params: Parameters) -> Parameters:
+    return {k: v for k, v in params.items() if not k.startswith("shared_memory_")}
+
+
+def peer_of(client: object) -> Peer:
+    """The ASGI scope's "client": (host, port) over TCP, None over a Unix socket."""
+    if client is None:
+        return Peer(None)
+    if isinstance(client, tuple | list) and client and isinstance(client[0], str):
+        return Peer(client[0])
+    return Peer("")
+
+
+# --- routes ----------------------------------------------------------------------------
+
+
+class SystemSharedMemoryRoutes:
+    """The routes, answered by the service; ``read_json`` reads a bounded JSON body."""
+
+    def __init__(self, service: InferenceService, read_json: ReadJson, encode: Encode) -> None:
+        self.service = service
+        self.read_json = read_json
+        self.encode = encode
+
+    def routes(self) -> list[Route]:
+        get, post = ["GET"], ["POST"]
+        region = f"{_PREFIX}/region/{{region}}"
+        return [
+            Route(f"{_PREFIX}/status", self.status, methods=get),
+            Route(f"{region}/status", self.status, methods=get),
+            Route(f"{_PREFIX}/register", self.register, methods=post),
+            Route(f"{region}/register", self.register, methods=post),
+            Route(f"{_PREFIX}/unregister", self.unregister, methods=post),
+            Route(f"{region}/unregister", self.unregister, methods=post),
+        ]
+
+    async def status(self, request: Request) -> Response:
+        regions = self.service.shm_status(request.path_params.get("region", ""))
+        body = [
+            {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+            for r in regions
+        ]
+        return Response(self.encode(body), media_type="application/json")
+
+    async def register(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        body = await self.read_json(request, "shared memory register")
+        key = body.get("key")
+        if key is None:
+            raise errors.InvalidArgumentError("Shared memory register request has no 'key' field")
+        if type(key) is not str:
+            raise errors.InvalidArgumentError("Unable to parse 'key'")
+        if "byte_size" not in body:
+            raise errors.InvalidArgumentError(
+                "Shared memory register request has no 'byte_size' field"
+            )
+        offset, byte_size = _unsigned(body, "offset"), _unsigned(body, "byte_size")
+        peer = peer_of(request.scope.get("client"))
+        self.service.register_shm(name, key, offset, byte_size, peer)
+        return Response(status_code=200, media_type="application/json")
+
+    async def unregister(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        self.service.unregister_shm(name, peer_of(request.scope.get("client")))
+        return Response(status_code=200, media_type="application/json")

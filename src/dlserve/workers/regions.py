@@ -1,0 +1,113 @@
+"""A worker's mappings of clients' system shared-memory regions.
+
+A region is mapped the first time a request brings it (the whole object, from its start:
+any offset works, page-aligned or not) and stays mapped, keyed by its id, until the server
+says it is gone. The object's descriptor stays open so that its *current* size can be
+asked before every view: a client that shrank its object after registering it must get a
+clear error, not crash the worker with SIGBUS (touching a mapped page past the end of a
+file is SIGBUS).
+
+What stays unguarded: a client that shrinks its object *while* a model reads or writes it.
+No check can close that window; the client only hurts its own request and the worker.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+from dlserve.backend.errors import TritonError
+from dlserve.ipc import messages as m
+from dlserve.tensors.shm import object_size, open_client_object
+
+
+@dataclass(slots=True)
+class _Mapping:
+    fd: int
+    key: str
+    map: mmap.mmap | None  # None while the object is empty
+
+    @property
+    def size(self) -> int:
+        return 0 if self.map is None else len(self.map)
+
+    def close(self) -> None:
+        """Unmap (once no view of it is left, if some still are) and close the descriptor."""
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                pass  # a view outlives the request: the mapping goes with the last one
+            self.map = None
+        os.close(self.fd)
+
+
+class ClientRegions:
+    """The regions this worker has mapped, by region id."""
+
+    def __init__(self) -> None:
+        self._mapped: dict[int, _Mapping] = {}
+
+    def view(self, ref: m.TensorRef, what: str) -> memoryview:
+        """A writable view of ``ref.nbytes`` bytes at ``ref.offset`` of the region's object.
+
+        Raises TritonError (INVALID_ARG) when the object is now too small for them.
+        """
+        mapping = self._mapped.get(ref.region)
+        if mapping is None:
+            mapping = self._mapped[ref.region] = _open(ref.key, what)
+        end = ref.offset + ref.nbytes
+        size = object_size(mapping.fd)
+        if end > size:
+            raise TritonError(
+                f"the shared memory object '{ref.key}' holding {what} is {size} bytes now, too "
+                f"small for bytes {ref.offset} to {end}: it was truncated after it was "
+                "registered",
+                TritonError.INVALID_ARG,
+            )
+        if ref.nbytes == 0:
+            return memoryview(bytearray())
+        if end > mapping.size:  # the object grew past our mapping of it
+            _remap(mapping, size)
+        assert mapping.map is not None
+        return memoryview(mapping.map)[ref.offset : end]
+
+    def unmap(self, regions: list[int]) -> None:
+        for region in regions:
+            mapping = self._mapped.pop(region, None)
+            if mapping is not None:
+                mapping.close()
+
+    def close(self) -> None:
+        self.unmap(list(self._mapped))
+
+    def __len__(self) -> int:
+        return len(self._mapped)
+
+
+def _open(key: str, what: str) -> _Mapping:
+    try:
+        fd = open_client_object(key)
+    except (OSError, ValueError) as exc:
+        raise TritonError(
+            f"unable to open the shared memory object '{key}' holding {what}: {exc}",
+            TritonError.INVALID_ARG,
+        ) from None
+    mapping = _Mapping(fd, key, None)
+    try:
+        _remap(mapping, object_size(fd))
+    except BaseException:
+        mapping.close()
+        raise
+    return mapping
+
+
+def _remap(mapping: _Mapping, size: int) -> None:
+    """Map the whole object as it is now, in place of the old mapping."""
+    if mapping.map is not None:
+        try:
+            mapping.map.close()
+        except BufferError:
+            pass  # views of the old mapping keep it until they go
+    mapping.map = mmap.mmap(mapping.fd, size) if size > 0 else None
