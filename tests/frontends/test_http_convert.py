@@ -139,9 +139,12 @@ def test_bytes_nested_deeply_and_in_order() -> None:
 
 
 def test_json_nested_past_the_recursion_limit() -> None:
+    """Refused as a bad request, by the JSON parser or (where its depth limit is
+    higher, as with msgspec on Python 3.12) by the data conversion."""
     data = b"[" * 5000 + b"1" + b"]" * 5000
     body = b'{"inputs": [{"name": "A", "datatype": "FP32", "shape": [1], "data": ' + data + b"}]}"
-    with pytest.raises(errors.InvalidArgumentError, match="failed to parse the request JSON"):
+    expected = "failed to parse the request JSON|Unable to parse 'data' of input 'A'"
+    with pytest.raises(errors.InvalidArgumentError, match=expected):
         convert.parse_infer_request(body, len(body), "m", "")
 
 

@@ -7,7 +7,7 @@ other route is a thin Starlette app. Both translate only; the service decides.
 
 Every body is bounded by ``max_input_size`` before it is read (Content-Length) and
 while it streams (chunked). A refused body is answered at once and never held in
-memory: what still arrives of it is discarded by uvicorn as it comes, so that the
+memory: what still arrives of it is discarded by the HTTP server as it comes, so that the
 client, which may still be sending, reads the answer instead of a reset connection.
 """
 
