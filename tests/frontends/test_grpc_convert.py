@@ -18,7 +18,7 @@ from dlserve import errors
 from dlserve.core.service import InferenceService
 from dlserve.core.trace import TraceSettings
 from dlserve.errors import FatalError
-from dlserve.frontends.grpc import convert
+from dlserve.frontends.grpc import control, convert
 from dlserve.frontends.grpc.errors import STATUS_CODES, grpc_errors
 from dlserve.frontends.grpc.servicer import create_grpc_server
 from dlserve.types import (
@@ -381,9 +381,9 @@ def test_stream_error_keeps_the_request_id() -> None:
 
 # -- metadata, statistics, repository --------------------------------------------------
 def test_metadata_responses() -> None:
-    server = convert.server_metadata_response(ServerMetadata("dlserve", "0.1", ("a", "b")))
+    server = control.server_metadata_response(ServerMetadata("dlserve", "0.1", ("a", "b")))
     assert (server.name, server.version, list(server.extensions)) == ("dlserve", "0.1", ["a", "b"])
-    model = convert.model_metadata_response(ModelMetadata(
+    model = control.model_metadata_response(ModelMetadata(
         "add", ("1", "2"), "python", (TensorMetadata("I", "FP32", (-1, 4)),),
         (TensorMetadata("O", "BYTES", (1,)),),
     ))  # fmt: skip
@@ -399,7 +399,7 @@ def test_statistics_response() -> None:
         InferenceStats(d(4, 100), d(1, 5), d(4, 10), d(4, 20), d(4, 30), d(4, 40)),
         (BatchStats(2, d(2, 7), d(2, 8), d(2, 9)),),
     )  # fmt: skip
-    (message,) = convert.statistics_response([stats]).model_stats
+    (message,) = control.statistics_response([stats]).model_stats
     assert (message.name, message.version, message.last_inference) == ("m", "1", 1234)
     assert (message.inference_count, message.execution_count) == (10, 4)
     infer = message.inference_stats
@@ -412,7 +412,7 @@ def test_statistics_response() -> None:
 
 
 def test_repository_index_response() -> None:
-    message = convert.repository_index_response([
+    message = control.repository_index_response([
         RepositoryEntry("a", "1", ModelState.READY, ""),
         RepositoryEntry("b", "", None, ""),
         RepositoryEntry("c", "2", ModelState.UNAVAILABLE, "load failed"),
@@ -433,9 +433,9 @@ def _load(params: dict[str, Any], repository: str = "") -> Any:
 
 
 def test_load_config_parameter() -> None:
-    assert convert.load_config_json(_load({})) is None
+    assert control.load_config_json(_load({})) is None
     config = '{"max_batch_size": 4}'
-    assert convert.load_config_json(_load({"config": ("string_param", config)})) == config
+    assert control.load_config_json(_load({"config": ("string_param", config)})) == config
 
 
 @pytest.mark.parametrize(
@@ -453,17 +453,17 @@ def test_load_config_parameter() -> None:
 )  # fmt: skip
 def test_load_parameters_rejected(request_: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error) as info:
-        convert.load_config_json(request_)
+        control.load_config_json(request_)
     assert str(info.value).startswith(message)
 
 
 def test_unload_parameters() -> None:
     request = pb.RepositoryModelUnloadRequest(model_name="m")
     request.parameters["unload_dependents"].bool_param = True
-    convert.check_unload_request(request)
+    control.check_unload_request(request)
     request.parameters["unload_dependents"].string_param = "yes"
     with pytest.raises(errors.InvalidArgumentError, match="unload_dependents"):
-        convert.check_unload_request(request)
+        control.check_unload_request(request)
 
 
 def _log(**settings: tuple[str, Any]) -> Any:
@@ -476,7 +476,7 @@ def _log(**settings: tuple[str, Any]) -> Any:
 def test_log_settings_update() -> None:
     request = _log(log_info=("bool_param", False), log_verbose_level=("uint32_param", 2),
                    log_format=("string_param", "ISO8601"))  # fmt: skip
-    assert convert.log_settings_update(request) == {
+    assert control.log_settings_update(request) == {
         "log_info": False,
         "log_verbose_level": 2,
         "log_format": "ISO8601",
@@ -498,12 +498,12 @@ def test_log_settings_update() -> None:
 )  # fmt: skip
 def test_log_settings_rejected(request_: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error) as info:
-        convert.log_settings_update(request_)
+        control.log_settings_update(request_)
     assert str(info.value) == message
 
 
 def test_log_settings_response() -> None:
-    message = convert.log_settings_response(
+    message = control.log_settings_response(
         {"log_file": "", "log_info": True, "log_verbose_level": 1, "log_format": "default"}
     )
     s = message.settings
@@ -516,9 +516,9 @@ def test_trace_settings_round_trip() -> None:
     request = pb.TraceSettingRequest(model_name="m")
     request.settings["trace_rate"].value.append("5")
     request.settings["trace_level"].value.extend(["TIMESTAMPS", "TENSORS"])
-    updates = convert.trace_settings_update(request)
+    updates = control.trace_settings_update(request)
     assert updates == {"trace_rate": ["5"], "trace_level": ["TIMESTAMPS", "TENSORS"]}
-    response = convert.trace_settings_response(updates)
+    response = control.trace_settings_response(updates)
     assert list(response.settings["trace_level"].value) == ["TIMESTAMPS", "TENSORS"]
 
 

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.core.service import InferenceService
 from dlserve.errors import DlserveError, FatalError, InvalidArgumentError, UnsupportedError
-from dlserve.frontends.grpc import convert, shm
+from dlserve.frontends.grpc import control, convert, shm
 from dlserve.frontends.grpc.errors import error_message, grpc_errors
 from dlserve.types import InferRequest, Peer
 
@@ -57,12 +57,12 @@ class GrpcServicer:
 
     @grpc_errors
     async def server_metadata(self, request: Any, context: Any) -> Any:
-        return convert.server_metadata_response(self._service.server_metadata())
+        return control.server_metadata_response(self._service.server_metadata())
 
     @grpc_errors
     async def model_metadata(self, request: Any, context: Any) -> Any:
         metadata = self._service.model_metadata(request.name, request.version)
-        return convert.model_metadata_response(metadata)
+        return control.model_metadata_response(metadata)
 
     @grpc_errors
     async def model_config(self, request: Any, context: Any) -> Any:
@@ -127,24 +127,24 @@ class GrpcServicer:
     @grpc_errors
     async def model_statistics(self, request: Any, context: Any) -> Any:
         stats = self._service.statistics(request.name, request.version)
-        return convert.statistics_response(stats)
+        return control.statistics_response(stats)
 
     @grpc_errors
     async def repository_index(self, request: Any, context: Any) -> Any:
         if request.repository_name:
             raise UnsupportedError("'repository_name' specification is not supported")
         entries = self._service.repository_index(ready_only=request.ready)
-        return convert.repository_index_response(entries)
+        return control.repository_index_response(entries)
 
     @grpc_errors
     async def repository_model_load(self, request: Any, context: Any) -> Any:
-        config_json = convert.load_config_json(request)
+        config_json = control.load_config_json(request)
         await self._service.load_model(request.model_name, config_json)
         return pb.RepositoryModelLoadResponse()
 
     @grpc_errors
     async def repository_model_unload(self, request: Any, context: Any) -> Any:
-        convert.check_unload_request(request)
+        control.check_unload_request(request)
         await self._service.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
@@ -177,14 +177,14 @@ class GrpcServicer:
         if model and not self._service.model_ready(model):
             raise InvalidArgumentError(f"Request for unknown model : {model}")
         if request.settings:
-            self._service.trace.update(model, convert.trace_settings_update(request))
-        return convert.trace_settings_response(self._service.trace.get(model))
+            self._service.trace.update(model, control.trace_settings_update(request))
+        return control.trace_settings_response(self._service.trace.get(model))
 
     @grpc_errors
     async def log_settings(self, request: Any, context: Any) -> Any:
         if request.settings:
-            self._service.update_log_settings(convert.log_settings_update(request))
-        return convert.log_settings_response(self._service.log_settings)
+            self._service.update_log_settings(control.log_settings_update(request))
+        return control.log_settings_response(self._service.log_settings)
 
 
 def _unary(method: Any, request_type: Any, response_type: Any) -> Any:
