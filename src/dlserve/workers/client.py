@@ -216,28 +216,17 @@ class WorkerBase:
                 continue
             nbytes = data.nbytes
             arena_offset = self.input_arena.alloc(nbytes) if nbytes > INLINE_INPUT_LIMIT else None
-            if arena_offset is None:
-                ref = m.TensorRef(
-                    tensor.name,
-                    tensor.datatype,
-                    list(tensor.shape),
-                    m.Where.PAYLOAD,
-                    inline_offset,
-                    nbytes,
-                )
+            if arena_offset is None:  # small, or no arena space: inline in the frame
+                where, offset = m.Where.PAYLOAD, inline_offset
                 payload.append(data)
                 inline_offset += nbytes
-            else:
+            else:  # the one copy, into the shared memory the worker maps
+                where, offset = m.Where.INPUT_ARENA, arena_offset
                 self.input_arena.view(arena_offset, nbytes)[:] = data.cast("B")
                 offsets.append(arena_offset)
-                ref = m.TensorRef(
-                    tensor.name,
-                    tensor.datatype,
-                    list(tensor.shape),
-                    m.Where.INPUT_ARENA,
-                    arena_offset,
-                    nbytes,
-                )
+            ref = m.TensorRef(
+                tensor.name, tensor.datatype, list(tensor.shape), where, offset, nbytes
+            )
             refs.append(ref)
         return refs, payload, offsets
 
