@@ -13,6 +13,7 @@ Every failure that reaches a client is a :class:`DlserveError` carrying an
      +-- UnavailableError              model not ready, queue full, worker restarting
      |    +-- WorkerDiedError          the instance's process died while the request was in it
      +-- UnsupportedError              a feature this server does not offer
+     |    +-- DecoupledModelError      a one-response endpoint asked of a decoupled model
      +-- ModelError                    the model raised, or returned an error response
      +-- DeadlineExceededError         a wait ran past its deadline
      +-- CancelledError                the client went away
@@ -74,6 +75,13 @@ class WorkerDiedError(UnavailableError):
 
 class UnsupportedError(DlserveError):
     code = ErrorCode.UNSUPPORTED
+
+
+class DecoupledModelError(UnsupportedError):
+    """A decoupled model was asked for through an endpoint that carries one response.
+
+    Each frontend words it as Triton does for that endpoint.
+    """
 
 
 class ModelError(DlserveError):

@@ -8,9 +8,12 @@ from dlserve.backend.config import ModelConfig
 from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.logger import Logger, LogLevel
 from dlserve.backend.metrics import Metric, MetricFamily, MetricKind
-from dlserve.backend.request import InferenceRequest, InferenceResponse
+from dlserve.backend.request import InferenceRequest, InferenceResponse, InferenceResponseSender
 from dlserve.backend.tensor import Tensor
 from dlserve.backend.utils import (
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_CPU_PINNED,
+    TRITONSERVER_MEMORY_GPU,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_REQUEST_RELEASE_ALL,
@@ -31,6 +34,7 @@ from dlserve.backend.utils import (
     TYPE_UINT16,
     TYPE_UINT32,
     TYPE_UINT64,
+    PreferredMemory,
     deserialize_bytes_tensor,
     get_input_config_by_name,
     get_input_tensor_by_name,
@@ -47,6 +51,9 @@ from dlserve.backend.utils import (
 )
 
 __all__ = [
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL",
@@ -69,12 +76,14 @@ __all__ = [
     "TYPE_UINT64",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "LogLevel",
     "Logger",
     "Metric",
     "MetricFamily",
     "MetricKind",
     "ModelConfig",
+    "PreferredMemory",
     "Tensor",
     "TritonError",
     "TritonModelException",

@@ -1,16 +1,18 @@
-"""The worker's link to the server, for what model code sends or asks synchronously.
+"""The worker's link to the server, shared by the serve loop and the model code it runs.
 
-A worker serves one blocking channel from one thread: ``serve()`` reads a frame,
-runs the model, writes the reply. Model code that needs an answer from the server
-(``Metric.value()``) runs *inside* that loop, so nobody else would read the answer:
-:meth:`WorkerLink.call` sends its request and reads frames itself until the reply
-with its call id arrives. Any other frame read meanwhile (Infer, Release, Shutdown)
-is queued, and :meth:`WorkerLink.recv` gives queued frames to ``serve()`` first.
+A worker serves one blocking channel. The serve loop reads a frame, runs the model,
+writes the reply; model code may meanwhile need answers from the server (a BLS call's
+responses, ``Metric.value()``, ``is_model_ready``), from the thread that runs
+``execute`` or from threads the model started. Whichever thread needs a frame takes
+the *reader* role (one at a time), reads one frame and dispatches it: an answer goes
+to the call that waits for it (by call id), a Cancel marks its request at once, and
+any other frame (Infer, Release, Shutdown ...) is queued for the serve loop. So an
+answer is read whether ``execute`` blocks in ``exec()``, awaits ``async_exec()``, or
+has returned while a thread of the model waits.
 
 Links are per thread (the server can run several in-process workers as threads of
 one process, each with its own channel). A worker process also makes its link the
-process-wide default, so that threads the model starts can still send metric
-updates; sends are serialized by a lock, replies are read only by the serving thread.
+process-wide default, so that threads the model starts find it.
 """
 
 from __future__ import annotations
@@ -20,28 +22,37 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final
 
 from dlserve.backend.errors import TritonModelException
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 
+if TYPE_CHECKING:
+    from dlserve.backend.bls import MemoryLocator
+
 Frame = tuple[m.ServerToWorker, memoryview]
+Answer = m.MetricValueReply | m.BlsReply | m.ControlReply
 CALL_TIMEOUT_S: Final = 30.0
 
 
 class WorkerLink:
-    """One worker's channel, shared by the serve loop and the model code it runs."""
+    """One worker's channel: sends from any thread, reads by whoever holds the reader role."""
 
     def __init__(self, channel: BlockingChannel[m.ServerToWorker]) -> None:
         self._channel = channel
-        self._queued: deque[Frame] = deque()
+        self._queued: deque[Frame] = deque()  # frames for the serve loop
+        self._answers: dict[int, deque[tuple[Answer, memoryview]]] = {}  # by call id
         self._send_lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._reading = False  # a thread holds the reader role
         self._call_ids = itertools.count(1)
-        self._owner = threading.get_ident()
         self._closed = False
+        self.on_cancel: Callable[[int], None] | None = None  # the runner marks the request
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
+        self.chain: list[str] = []  # BLS: the models upstream of the request being executed
+        self.locator: MemoryLocator | None = None  # BLS: inputs that can travel by reference
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
@@ -52,46 +63,139 @@ class WorkerLink:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
 
+    # -- the serve loop -----------------------------------------------------------------
     def recv(self) -> Frame:
         """The next frame for the serve loop: queued ones first. Raises ChannelClosed."""
-        if self._queued:
-            return self._queued.popleft()
-        if self._closed:
-            raise ChannelClosed("connection closed")
-        return self._channel.recv()
+        while True:
+            with self._cond:
+                while True:
+                    if self._queued:
+                        return self._queued.popleft()
+                    if self._closed:
+                        raise ChannelClosed("connection closed")
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait()
+            frame = self._read(None)
+            if (
+                frame is not None
+                and not _is_answer(frame[0])
+                and not isinstance(frame[0], m.Cancel)
+            ):
+                with self._cond:
+                    if not self._queued:  # the usual case: hand it over directly
+                        return frame
+                    self._queued.append(frame)
+            elif frame is not None:
+                with self._cond:
+                    self._dispatch(frame)
 
+    # -- calls: a question sent, answers awaited ------------------------------------------
     def next_call_id(self) -> int:
         return next(self._call_ids)
+
+    def open_call(self, call: int) -> None:
+        """Make room for the answers of ``call`` before the question is sent."""
+        with self._cond:
+            self._answers[call] = deque()
+
+    def close_call(self, call: int) -> None:
+        """Answers of ``call`` that arrive from now on are dropped."""
+        with self._cond:
+            self._answers.pop(call, None)
+
+    def wait_answer(self, call: int, deadline: float | None) -> tuple[Answer, memoryview] | None:
+        """The next answer to ``call``; None past ``deadline`` (monotonic seconds).
+
+        Raises ChannelClosed when the server has gone away.
+        """
+        while True:
+            with self._cond:
+                while True:
+                    answers = self._answers.get(call)
+                    if answers:
+                        return answers.popleft()
+                    if self._closed:
+                        raise ChannelClosed("connection closed")
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait(remaining)
+            frame = self._read(remaining)
+            if frame is not None:
+                with self._cond:
+                    self._dispatch(frame)
+
+    def poll(self) -> None:
+        """Dispatch the frames already arrived, without waiting (``is_cancelled()``)."""
+        while True:
+            with self._cond:
+                if self._reading or self._closed:
+                    return
+                self._reading = True
+            frame = self._read(0.0)
+            if frame is None:
+                return
+            with self._cond:
+                self._dispatch(frame)
 
     def call(
         self, request: m.MetricValueCall, timeout: float = CALL_TIMEOUT_S
     ) -> m.MetricValueReply:
-        """Send ``request`` and return the server's reply to it, queueing other frames."""
-        if threading.get_ident() != self._owner:
-            raise TritonModelException(
-                "this call needs an answer from the server and can only be made from the "
-                "thread that runs initialize/execute/finalize"
-            )
-        self.send(request)
-        deadline = time.monotonic() + timeout
-        while True:
-            msg, payload = self._recv_before(deadline, timeout)
-            if isinstance(msg, m.MetricValueReply) and msg.call == request.call:
-                return msg
-            self._queued.append((msg, payload))
-
-    def _recv_before(self, deadline: float, timeout: float) -> Frame:
-        remaining = deadline - time.monotonic()
-        if self._channel.buffered():
-            return self._channel.recv()
-        readable, _, _ = select.select([self._channel.fileno()], [], [], max(remaining, 0.0))
-        if not readable:
-            raise TritonModelException(f"the server did not answer within {timeout:g} s")
+        """Send ``request`` and return the server's reply to it."""
+        self.open_call(request.call)
         try:
-            return self._channel.recv()
+            self.send(request)
+            answer = self.wait_answer(request.call, time.monotonic() + timeout)
         except ChannelClosed:
-            self._closed = True
             raise TritonModelException("the connection to the server is closed") from None
+        finally:
+            self.close_call(request.call)
+        if answer is None:
+            raise TritonModelException(f"the server did not answer within {timeout:g} s")
+        reply = answer[0]
+        assert isinstance(reply, m.MetricValueReply)
+        return reply
+
+    # -- reading ------------------------------------------------------------------------
+    def _read(self, timeout: float | None) -> Frame | None:
+        """One frame, or None when none came within ``timeout``; gives up the reader role."""
+        try:
+            if timeout is not None and not self._channel.buffered():
+                readable, _, _ = select.select([self._channel.fileno()], [], [], timeout)
+                if not readable:
+                    return None
+            return self._channel.recv()
+        except (ChannelClosed, OSError, ValueError):
+            with self._cond:
+                self._closed = True
+            return None
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
+    def _dispatch(self, frame: Frame) -> None:
+        """Route one frame (the condition's lock is held)."""
+        msg = frame[0]
+        if _is_answer(msg):
+            answers = self._answers.get(msg.call)  # type: ignore[union-attr]
+            if answers is not None:
+                answers.append(frame)  # type: ignore[arg-type]
+        elif isinstance(msg, m.Cancel):
+            if self.on_cancel is not None:
+                self.on_cancel(msg.rid)
+        else:
+            self._queued.append(frame)
+        self._cond.notify_all()
+
+
+def _is_answer(msg: m.ServerToWorker) -> bool:
+    return isinstance(msg, m.MetricValueReply | m.BlsReply | m.ControlReply)
 
 
 _local = threading.local()

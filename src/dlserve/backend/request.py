@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dlserve.backend.errors import TritonError, TritonModelException
@@ -79,7 +79,10 @@ class InferenceRequest:
         self._timeout = timeout
         self._trace = trace
         self._parameters = _parameters_json(parameters)
+        self._preferred_memory = preferred_memory
         self._cancelled = False
+        self._sender: InferenceResponseSender | None = None
+        self._poll: Callable[[], None] | None = None  # reads a Cancel that has arrived
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -116,24 +119,79 @@ class InferenceRequest:
         return self._model_version
 
     def is_cancelled(self) -> bool:
+        """Whether the client gave up on this request (a closed or cancelled stream)."""
+        if not self._cancelled and self._poll is not None:
+            self._poll()
         return self._cancelled
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "get_response_sender() is only available to decoupled models, which dlserve "
-            "does not serve yet"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available to models that use the decoupled "
+                "transaction policy (model_transaction_policy { decoupled: true })"
+            )
+        return self._sender
 
     def set_release_flags(self, flags: int) -> None:
         raise TritonModelException("request rescheduling (set_release_flags) is not supported yet")
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException("BLS requests (InferenceRequest.exec) are not supported yet")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` (BLS): its response, or with ``decoupled``
+        an iterator over the responses of a decoupled model (the empty final one last)."""
+        from dlserve.backend import bls
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise TritonModelException(
-            "BLS requests (InferenceRequest.async_exec) are not supported yet"
-        )
+        return bls.execute(self, decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """As :meth:`exec`, awaitable (``asyncio.gather`` runs several at once)."""
+        from dlserve.backend import bls
+
+        return await bls.async_execute(self, decoupled)
+
+
+class InferenceResponseSender:
+    """``request.get_response_sender()`` of a decoupled model: responses, then the final flag.
+
+    ``emit`` (the worker's) sends one response (or none) with the flags; it may be called
+    from any thread of the model.
+    """
+
+    def __init__(
+        self,
+        request: InferenceRequest,
+        emit: Callable[[InferenceResponse | None, int], None],
+    ) -> None:
+        self._request = request
+        self._emit = emit
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if response is None and flags != _FINAL:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is not "
+                "set to TRITONSERVER_RESPONSE_COMPLETE_FINAL."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes a pb_utils.InferenceResponse, not {type(response).__name__}"
+            )
+        if flags not in (0, _FINAL):
+            raise TritonModelException(f"unknown response flags {flags}")
+        if flags == _FINAL:
+            self._closed = True
+        self._emit(response, flags)
+
+    def is_cancelled(self) -> bool:
+        return self._request.is_cancelled()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class InferenceResponse:

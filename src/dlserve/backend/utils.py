@@ -36,6 +36,24 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END: Final = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL: Final = 1
 TRITONSERVER_REQUEST_RELEASE_ALL: Final = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: Final = 2
+TRITONSERVER_MEMORY_CPU: Final = 0
+TRITONSERVER_MEMORY_CPU_PINNED: Final = 1
+TRITONSERVER_MEMORY_GPU: Final = 2
+
+
+class PreferredMemory:
+    """Where a BLS caller prefers the callee's outputs (``InferenceRequest(preferred_memory=)``).
+
+    dlserve's outputs are views wherever they already are; the preference is kept for
+    compatibility (see docs/differences.md).
+    """
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        if preferred_memory_type not in (0, 1, 2):
+            raise TritonModelException(f"unknown memory type {preferred_memory_type}")
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
 
 ModelConfigLike = Mapping[str, Any] | str
 
@@ -133,12 +151,22 @@ def deserialize_bytes_tensor(
 
 
 def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
-    raise TritonModelException("pb_utils.load_model is not supported yet")
+    """Load (or reload) ``model_name``, optionally with ``config`` (JSON), as Triton's
+    model control API does; the server must run with ``--model-control-mode explicit``."""
+    if files:
+        raise TritonModelException("pb_utils.load_model: 'files' is not supported yet")
+    from dlserve.backend import bls
+
+    bls.control("load", model_name, config=config)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException("pb_utils.unload_model is not supported yet")
+    from dlserve.backend import bls
+
+    bls.control("unload", model_name, unload_dependents=unload_dependents)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    raise TritonModelException("pb_utils.is_model_ready is not supported yet")
+    from dlserve.backend import bls
+
+    return bls.control("ready", model_name, model_version=str(model_version))

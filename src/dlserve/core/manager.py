@@ -27,7 +27,7 @@ from dlserve.core.stats import ModelStats
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
-from dlserve.workers.client import WorkerBase
+from dlserve.workers.client import CallSink, WorkerBase
 from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
 
 log = logging.getLogger("dlserve.models")
@@ -52,6 +52,10 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         return self.pool.ready
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(self.config.model_transaction_policy.decoupled)
 
 
 @dataclass(slots=True)
@@ -89,11 +93,16 @@ def instance_specs(config: Any) -> list[InstanceSpec]:
 
 class ModelManager:
     def __init__(
-        self, repository: Repository, options: ManagerOptions, custom: CustomMetrics
+        self,
+        repository: Repository,
+        options: ManagerOptions,
+        custom: CustomMetrics,
+        calls: CallSink | None = None,
     ) -> None:
         self.repository = repository
         self.options = options
         self.custom = custom
+        self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}
 
     def entry(self, name: str) -> ModelEntry | None:
@@ -124,7 +133,7 @@ class ModelManager:
         raw.name = raw.name or name
         chosen = select_versions(source, raw)
         first: WorkerBase | None = await spawn_worker(
-            f"{name}_autocomplete", self.options.in_process, self.custom.handle
+            f"{name}_autocomplete", self.options.in_process, self.custom.handle, self.calls
         )
         assert first is not None
         try:
@@ -187,6 +196,7 @@ class ModelManager:
             in_process=self.options.in_process,
             on_metric=self.custom.handle,
             load_timeout=self.options.load_timeout,
+            calls=self.calls,
         )
         await pool.start(first)
         stats = ModelStats(source.name, str(version))

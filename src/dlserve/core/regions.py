@@ -179,6 +179,24 @@ class RegionRegistry:
             region.uses += 1
         return RegionLease(input_spans, output_spans, regions)
 
+    def lease_spans(self, spans: dict[str, tuple[int, str, int, int]]) -> RegionLease:
+        """A lease of regions a BLS call passes on by reference (by region id, key, offset
+        in the object, byte size): the caller's own request holds them, this one too."""
+        by_id = {r.id: r for r in self._regions.values()}
+        checked: dict[str, RegionSpan] = {}
+        regions: dict[int, Region] = {}
+        for name, (region_id, key, offset, size) in spans.items():
+            region = by_id.get(region_id)
+            if region is None or region.key != key:
+                raise errors.NotFoundError(
+                    f"the shared memory region holding input '{name}' was unregistered"
+                )
+            checked[name] = RegionSpan(region_id, key, offset, size)
+            regions[region_id] = region
+        for region in regions.values():
+            region.uses += 1
+        return RegionLease(checked, {}, list(regions.values()))
+
     def release(self, lease: RegionLease) -> None:
         """The request is over: its regions that were unregistered meanwhile may go."""
         for region in lease.regions:

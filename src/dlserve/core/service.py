@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from dlserve import __version__, errors
+from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.trace import TraceSettings
+from dlserve.ipc.messages import Timings
 from dlserve.types import (
     InferRequest,
     InferResponse,
@@ -31,6 +35,48 @@ from dlserve.types import (
 from dlserve.workers.client import WorkerReply
 
 log = logging.getLogger("dlserve")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What a BLS request brings besides the request: the models upstream of it (a cycle
+    is refused) and the lease of the client regions its inputs are in (by reference)."""
+
+    chain: tuple[str, ...] = ()
+    lease: RegionLease | None = None
+
+
+NO_CALL: Final = Call()
+_NO_LEASE: Final = RegionLease({}, {}, [])
+
+
+@dataclass(frozen=True, slots=True)
+class StreamItem:
+    """One response of a streamed request, or its failure; ``final`` ends the request."""
+
+    response: InferResponse | None  # None with no error: a bare final flag
+    error: errors.DlserveError | None
+    final: bool
+    model_version: str = ""
+
+
+def record_success(
+    loaded: ModelVersion, batch: int, received: int, timings: Timings | None
+) -> None:
+    """Count a finished request as Triton does (the worker's timestamps give the phases)."""
+    if timings is None:
+        return
+    now = time.monotonic_ns()
+    t = timings
+    loaded.stats.record_success(
+        batch if loaded.config.max_batch_size > 0 else 1,
+        now - received,
+        t.input_start - received,
+        t.infer_start - t.input_start,
+        t.infer_end - t.infer_start,
+        now - t.infer_end,
+    )
+
 
 EXTENSIONS = (
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
@@ -53,7 +99,8 @@ class InferenceService:
         self.options = options
         self.regions = RegionRegistry(options.allow_client_shm)
         self.metrics = Metrics(lambda: self.manager.all_stats())
-        self.manager = ModelManager(repository, options.manager, self.metrics.custom)
+        self.bls = BlsRouter(self)
+        self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
         self.log_settings: dict[str, Any] = {
             "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
             "log_verbose_level": 0, "log_format": "default",
@@ -159,51 +206,109 @@ class InferenceService:
         return config_to_dict(self.model_config(name, version))
 
     # -- inference ----------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, call: Call = NO_CALL) -> InferResponse:
+        """Run a request of a model that answers once. ``call``: a BLS request's upstream
+        models and the regions its inputs are in."""
         received = time.monotonic_ns()
         loaded = self.version(request.model_name, request.model_version)
+        if loaded.decoupled:
+            raise errors.DecoupledModelError(
+                f"model '{request.model_name}' uses the decoupled transaction policy: use "
+                "the streaming endpoint"
+            )
         try:
-            reply, batch = await self._run(loaded, request)
+            reply, batch = await self._run(loaded, request, call)
         except errors.DlserveError as exc:
             reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
             loaded.stats.record_failure(time.monotonic_ns() - received, reason)
             raise
+        record_success(loaded, batch, received, reply.timings)
+        return self._response(loaded, request, reply)
+
+    @staticmethod
+    def _response(loaded: ModelVersion, request: InferRequest, reply: WorkerReply) -> InferResponse:
         outputs = [
             OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
             for o in reply.outputs
         ]
-        now = time.monotonic_ns()
-        t = reply.timings
-        if t is not None:
-            loaded.stats.record_success(
-                batch if loaded.config.max_batch_size > 0 else 1,
-                now - received,
-                t.input_start - received,
-                t.infer_start - t.input_start,
-                t.infer_end - t.infer_start,
-                now - t.infer_end,
-            )
         return InferResponse(
             request.model_name, str(loaded.version), request.id, outputs, dict(reply.parameters)
         )
 
-    async def _run(self, loaded: ModelVersion, request: InferRequest) -> tuple[WorkerReply, int]:
+    async def infer_stream(
+        self, request: InferRequest, call: Call = NO_CALL
+    ) -> AsyncGenerator[StreamItem, None]:
+        """Run a request over a stream: one item per response, the last one final. A model
+        that answers once gives one item; a decoupled model any number. Failures are items
+        (the stream goes on); leaving early marks the request cancelled in the model."""
+        try:
+            loaded = self.version(request.model_name, request.model_version)
+            if not loaded.decoupled:
+                yield StreamItem(await self.infer(request, call), None, True)
+                return
+        except errors.DlserveError as exc:
+            yield StreamItem(None, exc, True)
+            return
+        async with contextlib.aclosing(self._run_decoupled(loaded, request, call)) as items:
+            async for item in items:
+                yield item
+
+    async def _run_decoupled(
+        self, loaded: ModelVersion, request: InferRequest, call: Call
+    ) -> AsyncGenerator[StreamItem, None]:
+        received = time.monotonic_ns()
+        lease = call.lease if call.lease is not None else self.regions.lease(request)
+        try:
+            inputs, _ = loaded.validator.check(request)
+            worker = loaded.pool.pick()
+            spans = _NO_LEASE if lease is None else lease
+            if lease is not None:
+                lease.bind(worker)
+            outputs = [o.name for o in request.outputs]
+            responses = worker.infer_stream(
+                request.id, inputs, outputs, request.parameters, spans.inputs, spans.outputs,
+                chain=list(call.chain),
+            )  # fmt: skip
+            async with contextlib.aclosing(responses):
+                async for each in responses:
+                    if each.final:
+                        record_success(loaded, 1, received, each.timings)
+                    response = None if each.reply is None else self._response(
+                        loaded, request, each.reply
+                    )  # fmt: skip
+                    yield StreamItem(response, each.error, each.final, str(loaded.version))
+        except errors.DlserveError as exc:
+            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
+            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            yield StreamItem(None, exc, True)
+        finally:
+            if lease is not None:
+                self.regions.release(lease)
+
+    async def _run(
+        self, loaded: ModelVersion, request: InferRequest, call: Call = NO_CALL
+    ) -> tuple[WorkerReply, int]:
         """Check the request and run it on an instance: the reply, and the batch size.
 
         The regions it names are checked first (as Triton does) and stay in use until it
         is done, so that unregistering one meanwhile cannot unmap it under the model.
         """
-        lease: RegionLease | None = self.regions.lease(request)
+        lease = call.lease if call.lease is not None else self.regions.lease(request)
+        chain = list(call.chain) if call.chain else None
         try:
             inputs, batch = loaded.validator.check(request)
             worker = loaded.pool.pick()
             outputs = [o.name for o in request.outputs]
             if lease is None:
-                return await worker.infer(request.id, inputs, outputs, request.parameters), batch
+                reply = await worker.infer(
+                    request.id, inputs, outputs, request.parameters, chain=chain
+                )
+                return reply, batch
             lease.bind(worker)
             reply = await worker.infer(
-                request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs
-            )
+                request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs,
+                chain=chain,
+            )  # fmt: skip
             return reply, batch
         finally:
             if lease is not None:

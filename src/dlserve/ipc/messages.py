@@ -67,6 +67,37 @@ class Infer(_Msg, tag=2):
     release: list[int] = []  # output-arena offsets the server is done with
     # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
     output_regions: list[TensorRef] = []
+    chain: list[str] = []  # BLS: the models upstream of this request, callers first
+
+
+class Cancel(_Msg, tag=7):
+    """The client of request ``rid`` went away: ``is_cancelled()`` becomes true for it."""
+
+    rid: int
+
+
+class BlsReply(_Msg, tag=8):
+    """One response to a BLS call (a decoupled callee may send several; the last is final).
+
+    ``has_response`` is False for a final flag that carries no response.
+    """
+
+    call: int
+    outputs: list[TensorRef] = []
+    error: str = ""
+    error_code: str = ""
+    final: bool = True
+    has_response: bool = True
+    parameters: dict[str, ParamValue] = {}
+
+
+class ControlReply(_Msg, tag=9):
+    """The answer to a ControlCall: ``ready`` for "ready", else only an error or nothing."""
+
+    call: int
+    ready: bool = False
+    error: str = ""
+    error_code: str = ""
 
 
 class Release(_Msg, tag=3):
@@ -88,7 +119,17 @@ class UnmapRegions(_Msg, tag=6):
     regions: list[int]
 
 
-ServerToWorker = Load | Infer | Release | Shutdown | MetricValueReply | UnmapRegions
+ServerToWorker = (
+    Load
+    | Infer
+    | Release
+    | Shutdown
+    | MetricValueReply
+    | UnmapRegions
+    | Cancel
+    | BlsReply
+    | ControlReply
+)
 
 # ---- worker -> server -----------------------------------------------------------------
 
@@ -120,6 +161,52 @@ class InferDone(_Msg, tag=103):
     parameters: dict[str, ParamValue] = {}
 
 
+class StreamResponse(_Msg, tag=104):
+    """One response of a decoupled model's request; ``final`` ends the request.
+
+    ``has_response`` is False for a bare final flag (``send(flags=FINAL)``).
+    """
+
+    rid: int
+    outputs: list[TensorRef] = []
+    error: str = ""
+    error_code: str = ""
+    final: bool = False
+    has_response: bool = True
+    timings: Timings | None = None  # with the final flag
+    parameters: dict[str, ParamValue] = {}
+
+
+class BlsCall(_Msg, tag=105):
+    """A model's request to another model (``InferenceRequest.exec``).
+
+    Inputs are PAYLOAD refs (bytes in this frame) or CLIENT_REGION refs (a client's
+    region the caller received its input in: the callee maps it, nothing is copied).
+    """
+
+    call: int
+    model_name: str
+    inputs: list[TensorRef]
+    outputs: list[str] = []
+    model_version: int = -1
+    request_id: str = ""
+    parameters: dict[str, ParamValue] = {}
+    timeout_us: int = 0  # 0: none
+    decoupled: bool = False  # the caller iterates over the responses
+    chain: list[str] = []  # the models upstream of this call, the caller last
+
+
+class ControlCall(_Msg, tag=106):
+    """``pb_utils.is_model_ready`` / ``load_model`` / ``unload_model``."""
+
+    call: int
+    op: str  # "ready" / "load" / "unload"
+    model_name: str
+    model_version: str = ""
+    config: str = ""
+    unload_dependents: bool = False
+
+
 class MetricFamilyDef(_Msg, tag=110):
     name: str
     description: str
@@ -146,5 +233,14 @@ class Closed(_Msg, tag=120):
 
 
 WorkerToServer = (
-    Loaded | LoadFailed | InferDone | MetricFamilyDef | MetricOp | MetricValueCall | Closed
+    Loaded
+    | LoadFailed
+    | InferDone
+    | MetricFamilyDef
+    | MetricOp
+    | MetricValueCall
+    | Closed
+    | StreamResponse
+    | BlsCall
+    | ControlCall
 )

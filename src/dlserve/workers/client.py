@@ -13,9 +13,9 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from dlserve import errors
 from dlserve.ipc import codec
@@ -39,9 +39,32 @@ class WorkerReply:
 
 
 @dataclass(slots=True)
+class StreamReply:
+    """One response of a decoupled request: a reply or an error; ``final`` ends it."""
+
+    reply: WorkerReply | None
+    error: errors.DlserveError | None
+    final: bool
+    timings: m.Timings | None = None  # with the final one
+
+
+StreamItem = tuple[m.StreamResponse, memoryview] | errors.DlserveError
+
+
+@dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[tuple[m.InferDone, memoryview]]
+    future: asyncio.Future[tuple[m.InferDone, memoryview]] | None
     arena_offsets: list[int]
+    stream: asyncio.Queue[StreamItem] | None = None  # a decoupled request's responses
+    abandoned: bool = False  # its consumer is gone: responses are dropped as they come
+
+
+class CallSink(Protocol):
+    """Where a worker's BLS and model-control calls go (the core)."""
+
+    def on_bls(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None: ...
+
+    def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None: ...
 
 
 _NO_SPANS: Final[Mapping[str, RegionSpan]] = {}
@@ -79,6 +102,7 @@ class WorkerBase:
         self._release_scheduled = False
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.on_metric: MetricSink | None = None
+        self.calls: CallSink | None = None
 
     async def spawn(self, env: dict[str, str] | None = None) -> None:
         raise NotImplementedError
@@ -97,12 +121,40 @@ class WorkerBase:
             if pending is not None:
                 for offset in pending.arena_offsets:
                     self.input_arena.free(offset)
-                if not pending.future.done():
+                if pending.future is not None and not pending.future.done():
                     pending.future.set_result((msg, payload))
+        elif isinstance(msg, m.StreamResponse):
+            self._on_stream_response(msg, payload)
         elif isinstance(msg, m.MetricFamilyDef | m.MetricOp | m.MetricValueCall):
             self._on_metric_message(msg)
+        elif isinstance(msg, m.BlsCall):
+            if self.calls is not None:
+                self.calls.on_bls(self, msg, payload)
+        elif isinstance(msg, m.ControlCall):
+            if self.calls is not None:
+                self.calls.on_control(self, msg)
         elif self._control is not None and not self._control.done():
             self._control.set_result(msg)
+
+    def _on_stream_response(self, msg: m.StreamResponse, payload: memoryview) -> None:
+        pending = self._pending.get(msg.rid)
+        if pending is None or pending.stream is None:
+            return
+        if msg.final:
+            del self._pending[msg.rid]
+            for offset in pending.arena_offsets:  # the model may read its inputs until now
+                self.input_arena.free(offset)
+        if pending.abandoned:
+            for ref in msg.outputs:
+                if ref.where == m.Where.OUTPUT_ARENA:
+                    self._schedule_release(ref.offset)
+            return
+        pending.stream.put_nowait((msg, payload))
+
+    def send_answer(self, msg: m.BlsReply | m.ControlReply, payload: list[memoryview]) -> None:
+        """Answer a call this worker made (dropped when it has died meanwhile)."""
+        if self._channel is not None:
+            self._channel.send(msg, payload)
 
     def _on_metric_message(self, msg: MetricMessage) -> None:
         if self.on_metric is None:
@@ -121,7 +173,9 @@ class WorkerBase:
         reason = self.death_reason()
         failure = errors.WorkerDiedError(reason)
         for pending in self._pending.values():
-            if not pending.future.done():
+            if pending.stream is not None:
+                pending.stream.put_nowait(failure)
+            elif pending.future is not None and not pending.future.done():
                 pending.future.set_exception(failure)
         self._pending.clear()
         if self._control is not None and not self._control.done():
@@ -177,9 +231,11 @@ class WorkerBase:
         parameters: dict[str, m.ParamValue],
         input_spans: Mapping[str, RegionSpan] = _NO_SPANS,
         output_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        chain: list[str] | None = None,
     ) -> WorkerReply:
         """Run one request. Inputs without data are in client regions (``input_spans``,
-        by name); outputs named in ``output_spans`` are written into client regions."""
+        by name); outputs named in ``output_spans`` are written into client regions.
+        ``chain``: the models upstream of a BLS request."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
@@ -192,9 +248,69 @@ class WorkerBase:
         msg = m.Infer(rid, request_id, refs, outputs, parameters, release)
         if output_spans:
             msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
+        if chain:
+            msg.chain = chain
         channel.send(msg, payload)
-        done, payload_back = await future
+        try:
+            done, payload_back = await future
+        except asyncio.CancelledError:
+            self.cancel(rid)
+            raise
         return self._reply(done, payload_back)
+
+    async def infer_stream(
+        self,
+        request_id: str,
+        inputs: list[InputTensor],
+        outputs: list[str],
+        parameters: dict[str, m.ParamValue],
+        input_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        output_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        chain: list[str] | None = None,
+    ) -> AsyncGenerator[StreamReply, None]:
+        """Run one request of a decoupled model: its responses as they come, the last one
+        final. Leaving early (the client went away) tells the model: ``is_cancelled()``."""
+        channel = self._channel
+        if channel is None:
+            raise errors.WorkerDiedError(self.death_reason())
+        rid = next(self._rids)
+        refs, payload, offsets = self._place_inputs(inputs, input_spans)
+        pending = _Pending(None, offsets, asyncio.Queue())
+        self._pending[rid] = pending
+        release, self._release = self._release, []
+        msg = m.Infer(rid, request_id, refs, outputs, parameters, release, chain=chain or [])
+        if output_spans:
+            msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
+        channel.send(msg, payload)
+        final = False
+        try:
+            while not final:
+                item = await pending.stream.get()  # type: ignore[union-attr]
+                if isinstance(item, errors.DlserveError):
+                    final = True
+                    yield StreamReply(None, item, True)
+                    return
+                frame, data = item
+                final = frame.final
+                yield self._stream_reply(frame, data)
+        finally:
+            if not final:
+                pending.abandoned = True
+                self.cancel(rid)
+
+    def _stream_reply(self, frame: m.StreamResponse, payload: memoryview) -> StreamReply:
+        if frame.error_code:
+            error = errors.ModelError(frame.error, errors.ErrorCode(frame.error_code))
+            return StreamReply(None, error, frame.final, frame.timings)
+        if not frame.has_response:
+            return StreamReply(None, None, frame.final, frame.timings)
+        done = m.InferDone(frame.rid, frame.outputs, parameters=frame.parameters)
+        return StreamReply(self._reply(done, payload), None, frame.final, frame.timings)
+
+    def cancel(self, rid: int) -> None:
+        """The client of request ``rid`` has gone: the model sees ``is_cancelled()``."""
+        if self._channel is not None and rid in self._pending:
+            self._channel.send(m.Cancel(rid))
 
     def unmap_regions(self, regions: list[int]) -> None:
         """These client regions are gone: the worker drops its mappings of them."""

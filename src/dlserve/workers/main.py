@@ -52,6 +52,8 @@ def load(
         runner.update(msg)
     else:
         runner = ModelRunner(msg, arenas)
+    worker.on_cancel = runner.cancel
+    worker.locator = runner.regions
     try:
         runner.start()
     except LoadError as exc:
@@ -102,8 +104,9 @@ class _Serving:
         msg, payload = self.worker.recv()
         if isinstance(msg, m.Infer):
             assert self.runner is not None, "Infer before Load"
-            done, buffers = self.runner.infer(msg, payload)
-            self.worker.send(done, buffers)
+            reply = self.runner.infer(msg, payload)
+            if reply is not None:  # None: a decoupled model's responses went out already
+                self.worker.send(*reply)
         elif isinstance(msg, m.Release):
             if self.runner is not None:
                 self.runner.release(msg.offsets)

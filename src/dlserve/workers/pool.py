@@ -10,7 +10,13 @@ import msgspec
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.workers.client import InProcessWorker, MetricSink, SubprocessWorker, WorkerBase
+from dlserve.workers.client import (
+    CallSink,
+    InProcessWorker,
+    MetricSink,
+    SubprocessWorker,
+    WorkerBase,
+)
 
 log = logging.getLogger("dlserve.workers")
 
@@ -24,9 +30,12 @@ class InstanceSpec:
     device_id: int
 
 
-async def spawn_worker(label: str, in_process: bool, on_metric: MetricSink | None) -> WorkerBase:
+async def spawn_worker(
+    label: str, in_process: bool, on_metric: MetricSink | None, calls: CallSink | None = None
+) -> WorkerBase:
     worker: WorkerBase = InProcessWorker(label) if in_process else SubprocessWorker(label)
     worker.on_metric = on_metric
+    worker.calls = calls
     try:
         await worker.spawn()
     except BaseException:
@@ -55,11 +64,13 @@ class WorkerPool:
         in_process: bool,
         on_metric: MetricSink | None,
         load_timeout: float,
+        calls: CallSink | None = None,
     ) -> None:
         self.specs = specs
         self.template = template
         self.in_process = in_process
         self.on_metric = on_metric
+        self.calls = calls
         self.load_timeout = load_timeout
         self.workers: list[WorkerBase | None] = [None] * len(specs)
         self._watchers: list[asyncio.Task[None]] = []
@@ -81,7 +92,7 @@ class WorkerPool:
     async def _start_instance(self, index: int, worker: WorkerBase | None) -> None:
         spec = self.specs[index]
         if worker is None:
-            worker = await spawn_worker(spec.name, self.in_process, self.on_metric)
+            worker = await spawn_worker(spec.name, self.in_process, self.on_metric, self.calls)
         try:
             await worker.load(load_message(self.template, spec), self.load_timeout)
         except BaseException:

@@ -13,9 +13,13 @@ No check can close that window; the client only hurts its own request and the wo
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
 
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
@@ -27,6 +31,7 @@ class _Mapping:
     fd: int
     key: str
     map: mmap.mmap | None  # None while the object is empty
+    address: int = 0  # where ``map`` starts in this process
 
     @property
     def size(self) -> int:
@@ -73,6 +78,22 @@ class ClientRegions:
         assert mapping.map is not None
         return memoryview(mapping.map)[ref.offset : end]
 
+    def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
+        """Where ``array``'s bytes are, when they lie in a region mapped here: a BLS call can
+        pass them to another worker by reference (name, datatype and shape left empty)."""
+        if not array.flags.c_contiguous or array.nbytes == 0:
+            return None
+        start = int(array.__array_interface__["data"][0])
+        for region, mapping in self._mapped.items():
+            if mapping.map is not None and mapping.address <= start:
+                offset = start - mapping.address
+                if offset + array.nbytes <= mapping.size:
+                    return m.TensorRef(
+                        "", "", [], m.Where.CLIENT_REGION, offset, array.nbytes, region,
+                        mapping.key,
+                    )  # fmt: skip
+        return None
+
     def unmap(self, regions: list[int]) -> None:
         for region in regions:
             mapping = self._mapped.pop(region, None)
@@ -111,3 +132,13 @@ def _remap(mapping: _Mapping, size: int) -> None:
         except BufferError:
             pass  # views of the old mapping keep it until they go
     mapping.map = mmap.mmap(mapping.fd, size) if size > 0 else None
+    mapping.address = 0 if mapping.map is None else _address(mapping.map)
+
+
+def _address(mapped: mmap.mmap) -> int:
+    """The mapping's start address (the ctypes view is dropped at once: no export stays)."""
+    view = ctypes.c_char.from_buffer(mapped)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -26,10 +27,12 @@ import numpy as np
 import numpy.typing as npt
 
 from dlserve import backend as pb_utils
+from dlserve.backend import link
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
+from dlserve.workers.decoupled import decoupled_request
 from dlserve.workers.regions import ClientRegions
 
 # Outputs up to this size travel in the reply frame; larger ones through the arena.
@@ -76,9 +79,21 @@ class ModelRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
+        self._arena_lock = threading.Lock()  # decoupled models send from their own threads
         self.regions = ClientRegions()
+        self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
 
     # -- loading ------------------------------------------------------------------------
+    @property
+    def decoupled(self) -> bool:
+        return pb_utils.using_decoupled_model_transaction_policy(self.config)
+
+    def cancel(self, rid: int) -> None:
+        """The server says request ``rid``'s client has gone: ``is_cancelled()`` turns true."""
+        request = self._live.get(rid)
+        if request is not None:
+            request._cancelled = True
+
     def update(self, load: m.Load) -> None:
         """A second Load on the same worker: the final config and this instance's identity."""
         self.load = load
@@ -133,12 +148,26 @@ class ModelRunner:
         return result
 
     # -- inference ----------------------------------------------------------------------
-    def infer(self, msg: m.Infer, payload: memoryview) -> tuple[m.InferDone, list[memoryview]]:
+    def infer(
+        self, msg: m.Infer, payload: memoryview
+    ) -> tuple[m.InferDone, list[memoryview]] | None:
+        """Run one request: the reply to send, or None for a decoupled model (its responses
+        go out through the request's response sender)."""
         timings_start = time.monotonic_ns()
         if msg.release:
             self.release(msg.release)
+        worker = link.current()
+        if worker is not None:
+            worker.chain = [*msg.chain, self.load.model_name]
+        if self.decoupled:
+            assert worker is not None, "a decoupled model needs the worker's link"
+            decoupled_request(self, worker, msg, payload, timings_start)
+            return None
         try:
             request = self._request(msg, payload)
+            self._live[msg.rid] = request
+            if worker is not None:
+                request._poll = worker.poll
             infer_start = time.monotonic_ns()
             responses = self._call(self.model.execute, [request])
             infer_end = time.monotonic_ns()
@@ -146,6 +175,8 @@ class ModelRunner:
             done, buffers = self._reply(msg, response)
         except BaseException as exc:  # the model's failure is the request's failure
             return self._error_reply(msg.rid, exc), []
+        finally:
+            self._live.pop(msg.rid, None)
         done.timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
         return done, buffers
 
@@ -197,6 +228,14 @@ class ModelRunner:
     def _reply(
         self, msg: m.Infer, response: pb_utils.InferenceResponse
     ) -> tuple[m.InferDone, list[memoryview]]:
+        refs, buffers, params = self.encode_outputs(msg, response)
+        return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
+
+    def encode_outputs(
+        self, msg: m.Infer, response: pb_utils.InferenceResponse
+    ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:
+        """A response's outputs as refs (inline, output arena or client region), the inline
+        buffers, and its parameters."""
         wanted = set(msg.outputs)
         targets = {t.name: t for t in msg.output_regions}
         refs: list[m.TensorRef] = []
@@ -213,7 +252,7 @@ class ModelRunner:
                 offset += buffer.nbytes
         text = response.parameters()
         params = json.loads(text) if text != "{}" else {}
-        return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
+        return refs, buffers, params
 
     def _output_ref(
         self, tensor: pb_utils.Tensor, offset: int, target: m.TensorRef | None = None
@@ -229,7 +268,8 @@ class ModelRunner:
         if target is not None:
             return self._write_to_region(tensor.name(), dtype.wire, shape, data, target), None
         if data.nbytes > INLINE_OUTPUT_LIMIT:
-            arena_offset = self.output_arena.alloc(data.nbytes)
+            with self._arena_lock:
+                arena_offset = self.output_arena.alloc(data.nbytes)
             if arena_offset is not None:
                 self.output_arena.view(arena_offset, data.nbytes)[:] = data
                 ref = m.TensorRef(
@@ -264,14 +304,19 @@ class ModelRunner:
         self.regions.unmap(regions)
 
     def _error_reply(self, rid: int, exc: BaseException) -> m.InferDone:
+        message, code = self.describe_error(exc)
+        return m.InferDone(rid=rid, error=message, error_code=code)
+
+    def describe_error(self, exc: BaseException) -> tuple[str, str]:
+        """The message and ErrorCode value a client sees for the model's failure."""
         if isinstance(exc, TritonError):
-            return m.InferDone(rid=rid, error=exc.message(), error_code=exc.error_code().value)
-        message = describe_exception(exc, self.load.model_path)
-        return m.InferDone(rid=rid, error=message, error_code="internal")
+            return exc.message(), exc.error_code().value
+        return describe_exception(exc, self.load.model_path), "internal"
 
     def release(self, offsets: Sequence[int]) -> None:
-        for offset in offsets:
-            self.output_arena.free(offset)
+        with self._arena_lock:
+            for offset in offsets:
+                self.output_arena.free(offset)
 
     # -- shutdown -----------------------------------------------------------------------
     def finalize(self) -> None:

@@ -11,6 +11,7 @@ they are copied once, into the message gRPC sends.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -18,6 +19,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from dlserve.core.service import StreamItem
 from dlserve.errors import InvalidArgumentError
 from dlserve.frontends.grpc import shm
 from dlserve.tensors import dtypes
@@ -306,6 +308,28 @@ def serialize_stream_response(response: InferResponse) -> bytes:
     """A ModelStreamInferResponse carrying ``response``."""
     parts, size = infer_response_parts(response)
     return b"".join((_STREAM_RESPONSE_TAG, encode_varint(size), *parts))
+
+
+FINAL_RESPONSE: Final = "triton_final_response"  # a response parameter
+
+
+def stream_item(request: InferRequest, item: StreamItem, empty_final: bool) -> bytes | None:
+    """One streamed response as a ModelStreamInferResponse, Triton's way: an error in
+    ``error_message``; with ``triton_enable_empty_final_response`` every response says
+    whether it is the last, and a bare final flag becomes an empty response (without it,
+    a bare final flag sends nothing)."""
+    if item.error is not None:
+        return serialize_stream_error(item.error.message, request.id)
+    response = item.response
+    if response is None:
+        if not (item.final and empty_final):
+            return None
+        response = InferResponse(request.model_name, item.model_version, request.id, [])
+    if empty_final:
+        response = dataclasses.replace(
+            response, parameters={**response.parameters, FINAL_RESPONSE: item.final}
+        )
+    return serialize_stream_response(response)
 
 
 def serialize_stream_error(message: str, request_id: str) -> bytes:

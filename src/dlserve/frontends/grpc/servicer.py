@@ -9,6 +9,7 @@ that tensor bytes are never copied by protobuf (see ``convert``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Final
@@ -17,7 +18,13 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.core.service import InferenceService
-from dlserve.errors import DlserveError, FatalError, InvalidArgumentError, UnsupportedError
+from dlserve.errors import (
+    DecoupledModelError,
+    DlserveError,
+    FatalError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
 from dlserve.frontends.grpc import control, convert, shm
 from dlserve.frontends.grpc.errors import error_message, grpc_errors
 from dlserve.types import InferRequest, Peer
@@ -33,6 +40,8 @@ SERVER_OPTIONS: Final = (
 )
 STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 
+EMPTY_FINAL: Final = "triton_enable_empty_final_response"  # a request parameter
+_INFER_DECOUPLED: Final = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 _CUDA_SHM_LATER: Final = "CUDA shared memory is not supported yet (it lands in a later release)"
 
 
@@ -74,54 +83,72 @@ class GrpcServicer:
     async def model_infer(self, request: bytes, context: Any) -> bytes:
         parsed = convert.parse_infer_request(request)
         parsed.peer = shm.peer_of(context.peer())
-        response = await self._service.infer(parsed)
+        try:
+            response = await self._service.infer(parsed)
+        except DecoupledModelError:
+            raise UnsupportedError(_INFER_DECOUPLED) from None
         return convert.serialize_infer_response(response)
 
     async def model_stream_infer(
         self, requests: AsyncIterator[bytes], context: Any
     ) -> AsyncIterator[bytes]:
-        """Requests run concurrently (up to STREAM_WINDOW); responses leave in request order.
+        """Requests run concurrently (up to STREAM_WINDOW); responses leave as they come,
+        as Triton sends them: a decoupled model's responses interleave with the others'.
 
-        A failed request answers with ``error_message`` and the stream goes on.
+        A failed request answers with ``error_message`` and the stream goes on. A client
+        that cancels the RPC (or goes away) cancels its requests: the models see
+        ``is_cancelled()``.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
-        pending: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
+        out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
-        reader = asyncio.create_task(self._read_stream(requests, window, pending, peer))
+        reader = asyncio.create_task(self._read_stream(requests, window, out, tasks, peer))
         try:
-            while (task := await pending.get()) is not None:
-                response = await task
-                window.release()
+            while (response := await out.get()) is not None:
                 yield response
             await reader  # a broken request stream ends the RPC with its error
         finally:
             reader.cancel()
-            while not pending.empty():
-                if (task := pending.get_nowait()) is not None:
-                    task.cancel()
+            for task in list(tasks):
+                task.cancel()
 
     async def _read_stream(
         self, requests: AsyncIterator[bytes], window: asyncio.Semaphore,
-        pending: asyncio.Queue[asyncio.Task[bytes] | None], peer: Peer,
+        out: asyncio.Queue[bytes | None], tasks: set[asyncio.Task[None]], peer: Peer,
     ) -> None:  # fmt: skip
         try:
             async for data in requests:
                 await window.acquire()
-                pending.put_nowait(asyncio.create_task(self._stream_one(data, peer)))
+                task = asyncio.create_task(self._stream_one(data, peer, out, window))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:  # the client is done sending: finish what it sent
+                await asyncio.wait(list(tasks))
         finally:
-            pending.put_nowait(None)
+            out.put_nowait(None)
 
-    async def _stream_one(self, data: bytes, peer: Peer) -> bytes:
+    async def _stream_one(
+        self, data: bytes, peer: Peer, out: asyncio.Queue[bytes | None], window: asyncio.Semaphore
+    ) -> None:
         request: InferRequest | None = None
         try:
             request = convert.parse_infer_request(data)
             request.peer = peer
-            return convert.serialize_stream_response(await self._service.infer(request))
+            empty_final = bool(request.parameters.pop(EMPTY_FINAL, False))
+            items = self._service.infer_stream(request)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    message = convert.stream_item(request, item, empty_final)
+                    if message is not None:
+                        out.put_nowait(message)
         except Exception as exc:
             if not isinstance(exc, DlserveError):
                 log.exception("gRPC ModelStreamInfer request failed")
             request_id = request.id if request is not None else convert.request_id_of(data)
-            return convert.serialize_stream_error(error_message(exc), request_id)
+            out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
+        finally:
+            window.release()
 
     # -- statistics and repository ------------------------------------------------------
     @grpc_errors

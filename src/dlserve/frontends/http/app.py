@@ -225,7 +225,12 @@ class InferEndpoint:
         length = _header_length(headers.header_length, len(body))
         request, plan = convert.parse_infer_request(body, length, model, version)
         request.peer = peer_of(client)
-        response = await self.service.infer(request)
+        try:
+            response = await self.service.infer(request)
+        except errors.DecoupledModelError:
+            raise errors.UnsupportedError(
+                "HTTP end point doesn't support models with decoupled transaction policy"
+            ) from None
         header, blobs = convert.encode_infer_response(response, plan)
         parts: list[bytes | memoryview] = [header, *blobs]
         out = [_OCTETS, (b"inference-header-content-length", str(len(header)).encode())]

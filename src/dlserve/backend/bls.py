@@ -1,0 +1,254 @@
+"""Business Logic Scripting: a model's requests to other models, and model control.
+
+``InferenceRequest.exec()`` sends one typed BlsCall frame to the server, which runs
+it as an ordinary request of the callee (validation, instance choice, statistics)
+and answers with BlsReply frames. Inputs travel by reference when the caller's
+array lies in a client's shared-memory region that both workers can map (the
+callee gets a view of the same bytes); any other host tensor travels once, in
+the call's frame. Outputs come back in the reply's frame and become views of it.
+
+GPU tensors (for the lead's CUDA IPC path): ``Tensor.storage`` makes a host copy
+today; passing them by IPC handle is marked ``GPU-BLS`` below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from dlserve.backend import link
+from dlserve.backend.errors import TritonError, TritonModelException
+from dlserve.backend.tensor import Tensor
+from dlserve.ipc import messages as m
+from dlserve.ipc.channel import ChannelClosed
+from dlserve.tensors import dtypes
+
+if TYPE_CHECKING:
+    from dlserve.backend.request import InferenceRequest, InferenceResponse
+
+
+class MemoryLocator(Protocol):
+    """Finds a host array in shared memory another worker can map (the worker's regions)."""
+
+    def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
+        """A CLIENT_REGION ref (name, datatype and shape left empty), or None."""
+
+
+def _worker(what: str) -> link.WorkerLink:
+    worker = link.current()
+    if worker is None:
+        raise TritonModelException(f"{what} is only available inside a model's execute()")
+    return worker
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+def _encode_inputs(
+    tensors: list[Tensor], locator: MemoryLocator | None
+) -> tuple[list[m.TensorRef], list[memoryview]]:
+    refs: list[m.TensorRef] = []
+    payload: list[memoryview] = []
+    offset = 0
+    for tensor in tensors:
+        # GPU-BLS: a GPU tensor should travel as a CUDA IPC handle of its allocation
+        # (cuIpcGetMemHandle + cuMemGetAddressRange for base and offset), opened once per
+        # allocation by the callee. Until the lead's tensors/cuda_ipc.py lands it is
+        # copied to the host here (Tensor.storage).
+        array = tensor.storage
+        dtype = tensor.dtype
+        shape = list(array.shape)
+        if not dtype.is_bytes and locator is not None:
+            found = locator.locate(array)
+            if found is not None:
+                refs.append(_named(found, tensor.name(), dtype.wire, shape))
+                continue
+        if dtype.is_bytes:
+            data = memoryview(dtypes.serialize_bytes(array))
+        else:
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        refs.append(
+            m.TensorRef(tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes)
+        )
+        payload.append(data)
+        offset += data.nbytes
+    return refs, payload
+
+
+def _named(ref: m.TensorRef, name: str, datatype: str, shape: list[int]) -> m.TensorRef:
+    return m.TensorRef(
+        name, datatype, shape, ref.where, ref.offset, ref.nbytes, ref.region, ref.key
+    )
+
+
+def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.BlsCall:
+    params = request.parameters()
+    timeout = int(request.timeout() or 0)
+    return m.BlsCall(
+        call=call,
+        model_name=request.model_name(),
+        inputs=[],
+        outputs=request.requested_output_names(),
+        model_version=int(request.model_version()),
+        request_id=request.request_id(),
+        parameters=json.loads(params) if params != "{}" else {},
+        timeout_us=max(timeout, 0),
+        decoupled=decoupled,
+    )
+
+
+def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, int]:
+    if not request.model_name():
+        raise TritonModelException("BLS request needs a model_name")
+    worker = _worker("InferenceRequest.exec()")
+    refs, payload = _encode_inputs(request.inputs(), worker.locator)
+    call = worker.next_call_id()
+    msg = _call_message(request, call, decoupled)
+    msg.inputs = refs
+    msg.chain = list(worker.chain)
+    worker.open_call(call)
+    try:
+        worker.send(msg, payload)
+    except ChannelClosed:
+        worker.close_call(call)
+        raise TritonModelException("the connection to the server is closed") from None
+    return worker, call
+
+
+def _next_reply(worker: link.WorkerLink, call: int) -> tuple[m.BlsReply, memoryview]:
+    """The next answer to ``call``. The server always answers (an error at worst)."""
+    try:
+        answer = worker.wait_answer(call, None)
+    except ChannelClosed:
+        raise TritonModelException("the connection to the server is closed") from None
+    assert answer is not None and isinstance(answer[0], m.BlsReply)
+    return answer[0], answer[1]
+
+
+def _response(reply: m.BlsReply, payload: memoryview) -> InferenceResponse:
+    from dlserve.backend.request import InferenceResponse
+
+    if reply.error_code:
+        return InferenceResponse(error=TritonError(reply.error, _triton_code(reply.error_code)))
+    tensors = [_output_tensor(ref, payload) for ref in reply.outputs]
+    return InferenceResponse(tensors, parameters=reply.parameters or None)
+
+
+def _output_tensor(ref: m.TensorRef, payload: memoryview) -> Tensor:
+    dtype = dtypes.BY_WIRE[ref.datatype]
+    raw = payload[ref.offset : ref.offset + ref.nbytes]
+    if dtype.is_bytes:
+        array = dtypes.deserialize_bytes(raw).reshape(ref.shape)
+    else:  # a view of the reply's own buffer: it lives as long as the array
+        array = np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape)
+    return Tensor._wrap(ref.name, array, dtype)
+
+
+def _triton_code(code: str) -> int:
+    for number, name in _CODE_NAMES.items():
+        if name == code:
+            return number
+    return TritonError.INTERNAL
+
+
+_CODE_NAMES = {
+    TritonError.UNKNOWN: "unknown",
+    TritonError.INTERNAL: "internal",
+    TritonError.NOT_FOUND: "not_found",
+    TritonError.INVALID_ARG: "invalid_arg",
+    TritonError.UNAVAILABLE: "unavailable",
+    TritonError.UNSUPPORTED: "unsupported",
+    TritonError.ALREADY_EXISTS: "already_exists",
+    TritonError.CANCELLED: "cancelled",
+}
+
+
+class ResponseIterator:
+    """The responses of a BLS call to a decoupled model, the empty final one included."""
+
+    def __init__(self, worker: link.WorkerLink, call: int) -> None:
+        self._worker = worker
+        self._call = call
+        self._done = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        reply, payload = _next_reply(self._worker, self._call)
+        if reply.final:
+            self._done = True
+            self._worker.close_call(self._call)
+        return _response(reply, payload)
+
+    def cancel(self) -> None:
+        """Stop listening: responses still coming are dropped."""
+        self._done = True
+        self._worker.close_call(self._call)
+
+    def __del__(self) -> None:
+        if not self._done:
+            self._worker.close_call(self._call)
+
+
+def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator:
+    worker, call = _send(request, decoupled)
+    if decoupled:
+        return ResponseIterator(worker, call)
+    try:
+        reply, payload = _next_reply(worker, call)
+    finally:
+        worker.close_call(call)
+    return _response(reply, payload)
+
+
+async def async_execute(
+    request: InferenceRequest, decoupled: bool
+) -> InferenceResponse | ResponseIterator:
+    """As :func:`execute`; the wait runs in a thread so the model's loop goes on."""
+    worker, call = _send(request, decoupled)
+    if decoupled:
+        iterator = ResponseIterator(worker, call)
+        return iterator
+    try:
+        reply, payload = await asyncio.to_thread(_next_reply, worker, call)
+    finally:
+        worker.close_call(call)
+    return _response(reply, payload)
+
+
+# -- model control -------------------------------------------------------------------------
+
+
+def control(op: str, model_name: str, **fields: Any) -> bool:
+    """``is_model_ready`` / ``load_model`` / ``unload_model``: ask the server, wait."""
+    worker = _worker(f"pb_utils.{_OP_NAMES[op]}")
+    call = worker.next_call_id()
+    worker.open_call(call)
+    try:
+        worker.send(m.ControlCall(call=call, op=op, model_name=model_name, **fields))
+        answer = worker.wait_answer(call, time.monotonic() + _CONTROL_TIMEOUT_S)
+    except ChannelClosed:
+        raise TritonModelException("the connection to the server is closed") from None
+    finally:
+        worker.close_call(call)
+    if answer is None:
+        raise TritonModelException(
+            f"pb_utils.{_OP_NAMES[op]}: the server did not answer in {_CONTROL_TIMEOUT_S:g} s"
+        )
+    reply = answer[0]
+    assert isinstance(reply, m.ControlReply)
+    if reply.error_code:
+        raise TritonModelException(reply.error)
+    return reply.ready
+
+
+_OP_NAMES = {"ready": "is_model_ready", "load": "load_model", "unload": "unload_model"}
+_CONTROL_TIMEOUT_S = 600.0

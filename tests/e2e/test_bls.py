@@ -1,0 +1,168 @@
+"""BLS and decoupled models through a real server, driven by unmodified tritonclient.
+
+- a BLS model (bls_pipeline) calling two models: synchronously, with async_exec, and with
+  asyncio.gather; the callees' statistics count the calls (the same core path);
+- BLS into a decoupled model (exec(decoupled=True), sync and async);
+- zero copy between models: the caller passes its own input, which lives in the client's
+  shared-memory region; the callee writes into it and the caller and the client see it;
+- the callee's errors reach the caller's client; a call's timeout; circular calls;
+- pb_utils.is_model_ready from a model.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from conftest import TEST_MODELS, RunningServer, run_server
+
+DEADLINE_S = 60.0
+MODELS = ("double", "async_execute", "in_place", "raises", "gated", "repeat", "bls_pipeline",
+          "bls_bounce")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repository = tmp_path_factory.mktemp("bls_repo")
+    for name in MODELS:
+        shutil.copytree(TEST_MODELS / name, repository / name)
+    with run_server(repository) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(server.grpc_url) as triton:
+        yield triton
+
+
+def fp32(name: str, values: np.ndarray) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(values.shape), "FP32")
+    tensor.set_data_from_numpy(values.astype(np.float32))
+    return tensor
+
+
+def pipeline(
+    client: grpcclient.InferenceServerClient, mode: str, x: np.ndarray, *extra: Any
+) -> grpcclient.InferResult:
+    return client.infer("bls_pipeline", [fp32("INPUT0", x), *extra], parameters={"mode": mode})
+
+
+def inference_count(client: grpcclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model, as_json=True)
+    return int(stats["model_stats"][0].get("inference_count", 0))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_bls_calls_two_models_in_turn(client: grpcclient.InferenceServerClient, mode: str) -> None:
+    x = np.array([1.0, 2.5, -3.0], dtype=np.float32)
+    before = (inference_count(client, "double"), inference_count(client, "async_execute"))
+    result = pipeline(client, mode, x)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2 + 1)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x * 2)
+    after = (inference_count(client, "double"), inference_count(client, "async_execute"))
+    assert after == (before[0] + 1, before[1] + 1)  # the calls are counted as requests
+
+
+def test_bls_calls_two_models_at_once_with_gather(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    x = np.arange(100_000, dtype=np.float32)  # large: the callees use their arenas
+    result = pipeline(client, "gather", x)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + 1)
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "decoupled_async"])
+def test_bls_into_a_decoupled_model(client: grpcclient.InferenceServerClient, mode: str) -> None:
+    result = pipeline(client, mode, np.zeros(5, dtype=np.float32))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [6])  # 5, then the final flag
+
+
+def test_callee_error_reaches_the_client(client: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as raised:
+        pipeline(client, "error", np.ones(2))
+    assert "raises: execute failed on purpose" in raised.value.message()
+    with pytest.raises(InferenceServerException) as missing:
+        pipeline(client, "missing", np.ones(2))
+    assert "Request for unknown model: 'no_such_model' is not found" in missing.value.message()
+
+
+@pytest.mark.parametrize("mode", ["itself", "bounce"])
+def test_circular_call_fails_instead_of_hanging(
+    client: grpcclient.InferenceServerClient, mode: str
+) -> None:
+    with pytest.raises(InferenceServerException) as raised:
+        pipeline(client, mode, np.ones(2))
+    message = raised.value.message()
+    assert "circular BLS call" in message
+    path = "bls_pipeline -> bls_pipeline" if mode == "itself" else "bls_pipeline -> bls_bounce"
+    assert path in message
+    np.testing.assert_array_equal(pipeline(client, "sync", np.ones(1)).as_numpy("OUTPUT0"), [3])
+
+
+def test_is_model_ready_from_a_model(client: grpcclient.InferenceServerClient) -> None:
+    np.testing.assert_array_equal(pipeline(client, "ready", np.ones(1)).as_numpy("OUTPUT1"), [1, 0])
+
+
+def test_call_timeout(client: grpcclient.InferenceServerClient, tmp_path: Path) -> None:
+    """gated blocks until told to go; the caller's 0.2 s timeout passes meanwhile."""
+    started, go = tmp_path / "started", tmp_path / "go"
+    os.mkfifo(started)
+    os.mkfifo(go)
+    control = grpcclient.InferInput("CONTROL", [2], "BYTES")
+    control.set_data_from_numpy(np.array([str(started).encode(), str(go).encode()], dtype=object))
+    outcome: queue.Queue[BaseException | None] = queue.Queue()
+
+    def call() -> None:
+        try:
+            pipeline(client, "timeout", np.ones(2), control)
+            outcome.put(None)
+        except BaseException as exc:
+            outcome.put(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    with open(started) as fifo:  # gated is running: the call is in flight
+        assert fifo.readline() == "started\n"
+    error = outcome.get(timeout=DEADLINE_S)  # answered while gated still holds the request
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+    thread.join(DEADLINE_S)
+    assert isinstance(error, InferenceServerException)
+    assert "Request timeout expired" in error.message()
+
+
+def test_zero_copy_between_models(client: grpcclient.InferenceServerClient) -> None:
+    """The client's input is in its shared-memory region; bls_pipeline passes that input on
+    to in_place, which adds 1 to it in place: the caller reads the change in its own input
+    and the client in its own region, so the callee wrote into the very same memory."""
+    x = np.arange(1, 9, dtype=np.float32)
+    key = f"/test_bls_{uuid.uuid4().hex[:8]}"
+    handle = shm.create_shared_memory_region("bls_in", key, x.nbytes)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        client.register_system_shared_memory("bls_in", key, x.nbytes)
+        tensor = grpcclient.InferInput("INPUT0", [x.size], "FP32")
+        tensor.set_shared_memory("bls_in", x.nbytes)
+        result = client.infer("bls_pipeline", [tensor], parameters={"mode": "in_place"})
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + 1)  # the callee's view
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + 1)  # the caller's input
+        region = shm.get_contents_as_numpy(handle, np.float32, [x.size])
+        np.testing.assert_array_equal(region, x + 1)  # the client's own memory
+    finally:
+        client.unregister_system_shared_memory("bls_in")
+        shm.destroy_shared_memory_region(handle)
