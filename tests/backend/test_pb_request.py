@@ -45,8 +45,28 @@ def test_request_refusals() -> None:
         pb_utils.InferenceRequest(model_name="m", parameters={1: "x"})
     with pytest.raises(pb_utils.TritonModelException, match="bool/int/float/str"):
         pb_utils.InferenceRequest(model_name="m", parameters={"x": [1]})
-    with pytest.raises(pb_utils.TritonModelException, match="not supported yet"):
+    with pytest.raises(pb_utils.TritonModelException, match="only available inside"):
         pb_utils.InferenceRequest(model_name="m").exec()
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled transaction policy"):
+        pb_utils.InferenceRequest(model_name="m").get_response_sender()
+
+
+def test_response_sender_sends_until_the_final_flag() -> None:
+    request = pb_utils.InferenceRequest(model_name="m")
+    sent: list[tuple[object, int]] = []
+    sender = pb_utils.InferenceResponseSender(request, lambda r, f: sent.append((r, f)))
+    request._sender = sender
+    response = pb_utils.InferenceResponse()
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided"):
+        sender.send()
+    sender.send(response)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, 0), (None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(response)
+    assert request.get_response_sender() is sender and not sender.is_cancelled()
+    request._cancelled = True
+    assert sender.is_cancelled()
 
 
 def test_response_with_outputs_and_parameters() -> None:

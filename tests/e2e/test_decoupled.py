@@ -1,0 +1,177 @@
+"""Decoupled models through a real server, driven by unmodified tritonclient.
+
+- a decoupled model streams N responses over ModelStreamInfer (start_stream /
+  async_stream_infer), the request id echoed, the final flag as Triton sends it
+  (``triton_final_response`` when the client asks for empty final responses);
+- an error response travels in the stream's ``error_message`` and the stream goes on;
+- responses sent from a thread of the model after execute returned;
+- a client that cancels its stream: the model sees ``is_cancelled()``;
+- ModelInfer over gRPC and HTTP infer refuse a decoupled model with Triton's messages;
+- a model that is not decoupled answers once over the stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import TEST_MODELS, RunningServer, run_server
+
+DEADLINE_S = 60.0
+Results = queue.Queue[tuple[Any, Any]]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repository = tmp_path_factory.mktemp("decoupled_repo")
+    for name in ("repeat", "double"):
+        shutil.copytree(TEST_MODELS / name, repository / name)
+    with run_server(repository) as running:
+        yield running
+
+
+@pytest.fixture
+def stream(server: RunningServer) -> Iterator[tuple[grpcclient.InferenceServerClient, Results]]:
+    results: Results = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            yield client, results
+        finally:
+            client.stop_stream(cancel_requests=True)
+
+
+def count(n: int) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([n], dtype=np.int32))
+    return [tensor]
+
+
+def final_flag(result: Any) -> bool | None:
+    params = result.get_response().parameters
+    return params["triton_final_response"].bool_param if "triton_final_response" in params else None
+
+
+def test_streams_n_responses_then_an_empty_final_one(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    client, results = stream
+    client.async_stream_infer("repeat", count(5), request_id="r5", enable_empty_final_response=True)
+    received = [results.get(timeout=DEADLINE_S) for _ in range(6)]
+    assert all(error is None for _, error in received)
+    indices = [int(result.as_numpy("INDEX")[0]) for result, _ in received[:5]]
+    assert indices == [0, 1, 2, 3, 4]
+    assert [final_flag(result) for result, _ in received] == [False] * 5 + [True]
+    last = received[5][0].get_response()
+    assert last.id == "r5" and not last.outputs and last.model_name == "repeat"
+    assert all(result.get_response().id == "r5" for result, _ in received)
+
+
+def test_without_empty_final_response_only_the_responses_come(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    client, results = stream
+    client.async_stream_infer("repeat", count(3), request_id="a")
+    client.async_stream_infer("repeat", count(0), request_id="nothing")  # zero responses
+    client.async_stream_infer("double", [double_input()], request_id="b")  # a sentinel
+    received = [results.get(timeout=DEADLINE_S) for _ in range(4)]
+    ids = sorted(result.get_response().id for result, _ in received)
+    assert ids == ["a", "a", "a", "b"]
+    assert all(final_flag(result) is None for result, _ in received)
+
+
+def double_input() -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("INPUT0", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    return tensor
+
+
+def test_error_in_the_stream_does_not_end_it(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    client, results = stream
+    client.async_stream_infer("repeat", count(4), request_id="f", parameters={"fail_at": 1},
+                              enable_empty_final_response=True)  # fmt: skip
+    received = [results.get(timeout=DEADLINE_S) for _ in range(5)]
+    errors = [error for _, error in received if error is not None]
+    assert len(errors) == 1 and "repeat: response 1 failed on purpose" in errors[0].message()
+    good = [result for result, error in received if error is None]
+    assert [int(r.as_numpy("INDEX")[0]) for r in good[:3]] == [0, 2, 3]
+    assert final_flag(good[3]) is True
+
+
+def test_responses_from_a_thread_after_execute_returned(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    client, results = stream
+    client.async_stream_infer("repeat", count(3), request_id="t", parameters={"threaded": True},
+                              enable_empty_final_response=True)  # fmt: skip
+    received = [results.get(timeout=DEADLINE_S) for _ in range(4)]
+    assert [error for _, error in received] == [None] * 4
+    assert [int(r.as_numpy("INDEX")[0]) for r, _ in received[:3]] == [0, 1, 2]
+
+
+def test_non_decoupled_model_answers_once_over_the_stream(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    client, results = stream
+    client.async_stream_infer("double", [double_input()], request_id="d",
+                              enable_empty_final_response=True)  # fmt: skip
+    result, error = results.get(timeout=DEADLINE_S)
+    assert error is None and final_flag(result) is True
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [2.0, 4.0])
+
+
+def test_cancelled_stream_cancels_its_requests(server: RunningServer) -> None:
+    """until_cancelled sends until is_cancelled(); the report waits for that to happen."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        results: Results = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("repeat", count(1), parameters={"until_cancelled": True})
+        result, error = results.get(timeout=DEADLINE_S)  # it is running
+        assert error is None and int(result.as_numpy("INDEX")[0]) == 0
+        client.stop_stream(cancel_requests=True)
+
+        reports: Results = queue.Queue()
+        client.start_stream(callback=lambda result, error: reports.put((result, error)))
+        try:
+            client.async_stream_infer("repeat", count(1), parameters={"report": True})
+            report, error = reports.get(timeout=DEADLINE_S)
+        finally:
+            client.stop_stream()
+    assert error is None
+    assert int(report.as_numpy("INDEX")[0]) >= 1  # the model saw is_cancelled()
+
+
+def test_model_infer_refuses_a_decoupled_model(server: RunningServer) -> None:
+    with (
+        grpcclient.InferenceServerClient(server.grpc_url) as client,
+        pytest.raises(InferenceServerException) as raised,
+    ):
+        client.infer("repeat", count(1))
+    assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert raised.value.message() == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    )
+
+
+def test_http_infer_refuses_a_decoupled_model(server: RunningServer) -> None:
+    tensor = httpclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    with (
+        httpclient.InferenceServerClient(server.http_url) as client,
+        pytest.raises(InferenceServerException) as raised,
+    ):
+        client.infer("repeat", [tensor])
+    assert raised.value.status() == "501"
+    assert raised.value.message() == (
+        "HTTP end point doesn't support models with decoupled transaction policy"
+    )
