@@ -35,6 +35,20 @@ class RegionSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class ArenaSpan:
+    """Bytes in a worker's shared-memory arena, handed to another worker by reference (BLS).
+
+    ``path`` reopens the arena (a /proc path of the server's memfd); workers map each
+    arena once, by ``arena_id``.
+    """
+
+    arena_id: int
+    path: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
 class RegionStatus:
     """A registered system shared-memory region, as the status call lists it."""
 
@@ -90,13 +104,15 @@ class InferRequest:
 
 @dataclass(slots=True)
 class OutputTensor:
-    """One response output; ``data`` is None when it was written into a region."""
+    """One response output; ``data`` is None when it was written into a region, or when
+    it stays in the model's output arena for a BLS caller to map (``lent``)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: bytes | memoryview | None
     parameters: Parameters = field(default_factory=dict)
+    lent: ArenaSpan | None = None
 
 
 @dataclass(slots=True)

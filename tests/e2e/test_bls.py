@@ -65,9 +65,12 @@ def inference_count(client: grpcclient.InferenceServerClient, model: str) -> int
     return int(stats["model_stats"][0].get("inference_count", 0))
 
 
+@pytest.mark.parametrize("size", [3, 150_000])  # large: the tensors travel by reference
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_bls_calls_two_models_in_turn(client: grpcclient.InferenceServerClient, mode: str) -> None:
-    x = np.array([1.0, 2.5, -3.0], dtype=np.float32)
+def test_bls_calls_two_models_in_turn(
+    client: grpcclient.InferenceServerClient, mode: str, size: int
+) -> None:
+    x = np.linspace(-3, 3, size, dtype=np.float32)
     before = (inference_count(client, "double"), inference_count(client, "async_execute"))
     result = pipeline(client, mode, x)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2 + 1)
@@ -166,3 +169,14 @@ def test_zero_copy_between_models(client: grpcclient.InferenceServerClient) -> N
     finally:
         client.unregister_system_shared_memory("bls_in")
         shm.destroy_shared_memory_region(handle)
+
+
+def test_zero_copy_of_the_caller_s_own_input(client: grpcclient.InferenceServerClient) -> None:
+    """A large input reaches bls_pipeline in its input arena; passed on to in_place, which
+    adds 1 to it in place, the caller then reads x + 1 in its own input: the callee got the
+    caller's memory, not a copy. (The outputs come back as views of in_place's arena.)"""
+    x = np.arange(200_000, dtype=np.float32)  # over the inline limit: in the arena
+    for _ in range(3):  # the arenas' space is handed back and reused
+        result = pipeline(client, "in_place", x)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + 1)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + 1)

@@ -80,3 +80,16 @@ def test_blocking_channel_send_round_trips_to_async_channel() -> None:
 
     received = asyncio.run(main())
     assert received == [(rid, _payload(size, rid)) for rid, size in enumerate(SIZES)]
+
+
+def test_every_message_is_in_its_direction_s_union() -> None:
+    """A message missing from its union would be undecodable: the other side would drop
+    the connection. Tags below 100 go to the worker, the others to the server."""
+    import typing
+
+    to_worker = set(typing.get_args(m.ServerToWorker))
+    to_server = set(typing.get_args(m.WorkerToServer))
+    for message in m._Msg.__subclasses__():
+        tag = message.__struct_config__.tag
+        assert isinstance(tag, int)
+        assert message in (to_worker if tag < 100 else to_server), message.__name__

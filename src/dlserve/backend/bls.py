@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -32,11 +33,19 @@ if TYPE_CHECKING:
     from dlserve.backend.request import InferenceRequest, InferenceResponse
 
 
-class MemoryLocator(Protocol):
-    """Finds a host array in shared memory another worker can map (the worker's regions)."""
+class BlsMemory(Protocol):
+    """The worker's shared memory, as BLS calls use it (the worker's ModelRunner)."""
 
     def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
-        """A CLIENT_REGION ref (name, datatype and shape left empty), or None."""
+        """A ref (name, datatype, shape left empty) to ``array``'s bytes when another worker
+        can map them where they are (a client's region, this worker's input arena)."""
+
+    def stage(self, data: memoryview) -> m.TensorRef | None:
+        """Copy ``data`` once into shared memory another worker can map; None: too small
+        (or no room), send it inline."""
+
+    def peer_view(self, ref: m.TensorRef) -> memoryview:
+        """A view of a PEER_ARENA ref's bytes (another worker's arena, mapped once)."""
 
 
 def _worker(what: str) -> link.WorkerLink:
@@ -50,8 +59,10 @@ def _worker(what: str) -> link.WorkerLink:
 
 
 def _encode_inputs(
-    tensors: list[Tensor], locator: MemoryLocator | None
+    tensors: list[Tensor], memory: BlsMemory | None
 ) -> tuple[list[m.TensorRef], list[memoryview]]:
+    """Refs to the inputs' bytes: where they are when the callee can map them, else copied
+    once into shared memory (large) or into the call's frame (small)."""
     refs: list[m.TensorRef] = []
     payload: list[memoryview] = []
     offset = 0
@@ -63,8 +74,8 @@ def _encode_inputs(
         array = tensor.storage
         dtype = tensor.dtype
         shape = list(array.shape)
-        if not dtype.is_bytes and locator is not None:
-            found = locator.locate(array)
+        if not dtype.is_bytes and memory is not None:
+            found = memory.locate(array)
             if found is not None:
                 refs.append(_named(found, tensor.name(), dtype.wire, shape))
                 continue
@@ -72,6 +83,10 @@ def _encode_inputs(
             data = memoryview(dtypes.serialize_bytes(array))
         else:
             data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        staged = memory.stage(data) if memory is not None else None
+        if staged is not None:  # the server frees it once the callee is done with it
+            refs.append(_named(staged, tensor.name(), dtype.wire, shape))
+            continue
         refs.append(
             m.TensorRef(tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes)
         )
@@ -106,7 +121,7 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     if not request.model_name():
         raise TritonModelException("BLS request needs a model_name")
     worker = _worker("InferenceRequest.exec()")
-    refs, payload = _encode_inputs(request.inputs(), worker.locator)
+    refs, payload = _encode_inputs(request.inputs(), worker.memory)
     call = worker.next_call_id()
     msg = _call_message(request, call, decoupled)
     msg.inputs = refs
@@ -130,22 +145,34 @@ def _next_reply(worker: link.WorkerLink, call: int) -> tuple[m.BlsReply, memoryv
     return answer[0], answer[1]
 
 
-def _response(reply: m.BlsReply, payload: memoryview) -> InferenceResponse:
+def _response(worker: link.WorkerLink, reply: m.BlsReply, payload: memoryview) -> InferenceResponse:
     from dlserve.backend.request import InferenceResponse
 
     if reply.error_code:
         return InferenceResponse(error=TritonError(reply.error, _triton_code(reply.error_code)))
-    tensors = [_output_tensor(ref, payload) for ref in reply.outputs]
+    tensors = [_output_tensor(worker, ref, payload) for ref in reply.outputs]
     return InferenceResponse(tensors, parameters=reply.parameters or None)
 
 
-def _output_tensor(ref: m.TensorRef, payload: memoryview) -> Tensor:
+def _output_tensor(worker: link.WorkerLink, ref: m.TensorRef, payload: memoryview) -> Tensor:
+    """An output as a view: of the callee's output arena (mapped here; its space goes back
+    when the array and every view of it are gone), or of the reply's own frame."""
     dtype = dtypes.BY_WIRE[ref.datatype]
-    raw = payload[ref.offset : ref.offset + ref.nbytes]
+    lent = ref.where == m.Where.PEER_ARENA and worker.memory is not None
+    if lent:
+        assert worker.memory is not None
+        raw = worker.memory.peer_view(ref)
+    else:
+        raw = payload[ref.offset : ref.offset + ref.nbytes]
     if dtype.is_bytes:
         array = dtypes.deserialize_bytes(raw).reshape(ref.shape)
-    else:  # a view of the reply's own buffer: it lives as long as the array
+    else:
         array = np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape)
+    if lent:
+        if dtype.is_bytes:  # deserialized: a copy, the arena space can go now
+            worker.release_peer(ref.region, ref.offset)
+        else:
+            weakref.finalize(array, worker.release_peer, ref.region, ref.offset)
     return Tensor._wrap(ref.name, array, dtype)
 
 
@@ -186,7 +213,7 @@ class ResponseIterator:
         if reply.final:
             self._done = True
             self._worker.close_call(self._call)
-        return _response(reply, payload)
+        return _response(self._worker, reply, payload)
 
     def cancel(self) -> None:
         """Stop listening: responses still coming are dropped."""
@@ -206,7 +233,7 @@ def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | R
         reply, payload = _next_reply(worker, call)
     finally:
         worker.close_call(call)
-    return _response(reply, payload)
+    return _response(worker, reply, payload)
 
 
 async def async_execute(
@@ -221,7 +248,7 @@ async def async_execute(
         reply, payload = await asyncio.to_thread(_next_reply, worker, call)
     finally:
         worker.close_call(call)
-    return _response(reply, payload)
+    return _response(worker, reply, payload)
 
 
 # -- model control -------------------------------------------------------------------------

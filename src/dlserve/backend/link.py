@@ -30,7 +30,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 
 if TYPE_CHECKING:
-    from dlserve.backend.bls import MemoryLocator
+    from dlserve.backend.bls import BlsMemory
 
 Frame = tuple[m.ServerToWorker, memoryview]
 Answer = m.MetricValueReply | m.BlsReply | m.ControlReply
@@ -50,18 +50,42 @@ class WorkerLink:
         self._call_ids = itertools.count(1)
         self._closed = False
         self.on_cancel: Callable[[int], None] | None = None  # the runner marks the request
+        self.on_release: Callable[[list[int]], None] | None = None  # output-arena space back
+        self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
         self.chain: list[str] = []  # BLS: the models upstream of the request being executed
-        self.locator: MemoryLocator | None = None  # BLS: inputs that can travel by reference
+        self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
                 self._channel.send(message, payload)
+                if self._peer_releases:
+                    self._channel.send(self._take_peer_releases())
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
+
+    def release_peer(self, arena: int, offset: int) -> None:
+        """A BLS output mapped from another worker's arena is gone: its space goes back
+        with the next frame sent. Safe from a finalizer (no lock, no send here)."""
+        self._peer_releases.append((arena, offset))
+
+    def flush_peer_releases(self) -> None:
+        if self._peer_releases:
+            with self._send_lock:
+                if self._peer_releases:
+                    self._channel.send(self._take_peer_releases())
+
+    def _take_peer_releases(self) -> m.PeerRelease:
+        arenas: list[int] = []
+        offsets: list[int] = []
+        while self._peer_releases:
+            arena, offset = self._peer_releases.popleft()
+            arenas.append(arena)
+            offsets.append(offset)
+        return m.PeerRelease(arenas, offsets)
 
     # -- the serve loop -----------------------------------------------------------------
     def recv(self) -> Frame:
@@ -186,16 +210,26 @@ class WorkerLink:
             answers = self._answers.get(msg.call)  # type: ignore[union-attr]
             if answers is not None:
                 answers.append(frame)  # type: ignore[arg-type]
-        elif isinstance(msg, m.Cancel):
-            if self.on_cancel is not None:
-                self.on_cancel(msg.rid)
-        else:
+            elif isinstance(msg, m.BlsReply):  # nobody listens: its outputs go back
+                for ref in msg.outputs:
+                    if ref.where == m.Where.PEER_ARENA:
+                        self.release_peer(ref.region, ref.offset)
+        elif isinstance(msg, m.Cancel) and self.on_cancel is not None:
+            self.on_cancel(msg.rid)
+        elif isinstance(msg, m.Release) and self.on_release is not None:
+            self.on_release(msg.offsets)  # thread-safe: the serve loop may be busy
+        elif not isinstance(msg, m.Cancel):
             self._queued.append(frame)
         self._cond.notify_all()
 
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
     return isinstance(msg, m.MetricValueReply | m.BlsReply | m.ControlReply)
+
+
+def _is_signal(msg: m.ServerToWorker) -> bool:
+    """Frames handled at once by whichever thread reads them, not by the serve loop."""
+    return isinstance(msg, m.Cancel | m.Release)
 
 
 _local = threading.local()

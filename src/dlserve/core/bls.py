@@ -14,16 +14,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.types import InferRequest, InferResponse, InputTensor, RegionRef, RequestedOutput
-from dlserve.workers.client import WorkerBase
+from dlserve.types import (
+    ArenaSpan,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RegionRef,
+    RequestedOutput,
+)
+from dlserve.workers.client import ARENA_OWNERS, WorkerBase
 
 if TYPE_CHECKING:
-    from dlserve.core.service import InferenceService, StreamItem
+    from dlserve.core.service import Call, InferenceService
 
 log = logging.getLogger("dlserve.bls")
 
@@ -52,78 +59,89 @@ class BlsRouter:
         self.service = service
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- BLS ------------------------------------------------------------------------------
     def on_bls(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
         self._spawn(self._serve(caller, msg, payload))
 
     async def _serve(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
-        sent_final = False
+        """Answer one call. Past its timeout the caller gets an error at once; the callee's
+        request goes on (it may still read the caller's memory) and what it returns late
+        is released, as are the inputs the caller staged, once it is over."""
+        answer = _Answer(caller, msg.call)
+        staged = [r.offset for r in msg.inputs if r.where == m.Where.OUTPUT_ARENA]
         try:
             refused = cycle_error(msg.chain, msg.model_name)
             if refused is not None:
                 raise refused
-            request, call = self._request(msg, payload)
+            request, call = self._request(caller, msg, payload)
+            work = asyncio.ensure_future(self._run(request, call, msg.decoupled, answer))
             timeout = msg.timeout_us / 1e6 if msg.timeout_us > 0 else None
-            try:
-                async with asyncio.timeout(timeout):
-                    if msg.decoupled:
-                        async for item in self._stream(request, call):
-                            _answer(caller, msg.call, item.response, item.error, item.final)
-                            sent_final = item.final
-                        return
-                    response = await self._single(request, call)
-            except TimeoutError:
-                raise errors.UnavailableError("Request timeout expired") from None
-            _answer(caller, msg.call, response, None, True)
-            sent_final = True
+            done, _ = await asyncio.wait({work}, timeout=timeout)
+            if not done:
+                answer.fail(errors.UnavailableError("Request timeout expired"))
+                answer.late = True
+                self._spawn(_finish_late(work, caller, staged))
+                return
+            work.result()
         except errors.DlserveError as exc:
-            if not sent_final:
-                _answer(caller, msg.call, None, exc, True)
+            answer.fail(exc)
         except Exception as exc:  # a bug: the caller must not wait forever
             log.exception("BLS call to model '%s' failed", msg.model_name)
-            if not sent_final:
-                _answer(caller, msg.call, None, errors.InternalError(str(exc)), True)
+            answer.fail(errors.InternalError(str(exc)))
+        caller.release_staged(staged)
 
-    async def _single(self, request: InferRequest, call: object) -> InferResponse:
-        loaded = self.service.version(request.model_name, request.model_version)
-        if loaded.decoupled:
-            raise errors.UnsupportedError(_NOT_DECOUPLED_CALL.format(name=request.model_name))
-        return await self.service.infer(request, call)  # type: ignore[arg-type]
-
-    async def _stream(
-        self, request: InferRequest, call: object
-    ) -> AsyncGenerator[StreamItem, None]:
-        items = self.service.infer_stream(request, call)  # type: ignore[arg-type]
+    async def _run(
+        self, request: InferRequest, call: Call, decoupled: bool, answer: _Answer
+    ) -> None:
+        if not decoupled:
+            loaded = self.service.version(request.model_name, request.model_version)
+            if loaded.decoupled:
+                raise errors.UnsupportedError(_NOT_DECOUPLED_CALL.format(name=request.model_name))
+            answer.send(await self.service.infer(request, call), None, True)
+            return
+        items = self.service.infer_stream(request, call)
         async with contextlib.aclosing(items):
             async for item in items:
-                yield item
+                answer.send(item.response, item.error, item.final)
 
-    def _request(self, msg: m.BlsCall, payload: memoryview) -> tuple[InferRequest, object]:
-        from dlserve.core.service import Call
+    def _request(
+        self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview
+    ) -> tuple[InferRequest, Call]:
+        from dlserve.core.service import Call  # service.py imports this module
 
         inputs: list[InputTensor] = []
         spans: dict[str, tuple[int, str, int, int]] = {}
+        arenas: dict[str, ArenaSpan] = {}
         for ref in msg.inputs:
             shape = tuple(ref.shape)
-            if ref.where == m.Where.CLIENT_REGION:  # by reference: the callee maps it
-                region = RegionRef("", ref.nbytes, ref.offset)
-                inputs.append(InputTensor(ref.name, ref.datatype, shape, None, {}, region))
-                spans[ref.name] = (ref.region, ref.key, ref.offset, ref.nbytes)
-            else:
+            if ref.where == m.Where.PAYLOAD:
                 data = payload[ref.offset : ref.offset + ref.nbytes]
                 inputs.append(InputTensor(ref.name, ref.datatype, shape, data))
-        lease = self.service.regions.lease_spans(spans) if spans else None
+                continue
+            # by reference: the callee maps the caller's memory (sized for validation)
+            region = RegionRef("", ref.nbytes, ref.offset)
+            inputs.append(InputTensor(ref.name, ref.datatype, shape, None, {}, region))
+            if ref.where == m.Where.CLIENT_REGION:
+                spans[ref.name] = (ref.region, ref.key, ref.offset, ref.nbytes)
+            elif ref.where in (m.Where.INPUT_ARENA, m.Where.OUTPUT_ARENA):
+                arenas[ref.name] = caller.arena_span(ref.where, ref.offset, ref.nbytes)
+            elif ref.where == m.Where.PEER_ARENA:  # a callee's output the caller passes on
+                arenas[ref.name] = _peer_span(ref)
+            else:
+                raise errors.InvalidArgumentError(f"BLS input '{ref.name}' has no data")
+        lease = self.service.regions.lease_spans(spans, arenas) if spans or arenas else None
         version = "" if msg.model_version < 0 else str(msg.model_version)
         request = InferRequest(
             msg.model_name, version, msg.request_id, inputs,
             [RequestedOutput(name) for name in msg.outputs], dict(msg.parameters),
         )  # fmt: skip
-        return request, Call(tuple(msg.chain), lease)
+        return request, Call(tuple(msg.chain), lease, lend=True)
 
     # -- model control --------------------------------------------------------------------
     def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None:
@@ -145,39 +163,90 @@ class BlsRouter:
         caller.send_answer(reply, [])
 
 
-def _answer(
-    caller: WorkerBase,
-    call: int,
-    response: InferResponse | None,
-    error: errors.DlserveError | None,
-    final: bool,
-) -> None:
-    """One BlsReply: the response's outputs inline in the frame (they become the caller's
-    arrays), or the error."""
-    if error is not None:
-        caller.send_answer(
-            m.BlsReply(call, error=error.message, error_code=error.code.value, final=final), []
+def _peer_span(ref: m.TensorRef) -> ArenaSpan:
+    owner = ARENA_OWNERS.get(ref.region)
+    if owner is None or ref.region not in owner.arena_ids:
+        raise errors.UnavailableError(
+            f"BLS input '{ref.name}' is the output of a model instance that is gone"
         )
-        return
-    if response is None:
-        caller.send_answer(m.BlsReply(call, final=final, has_response=False), [])
-        return
+    index = owner.arena_ids.index(ref.region)
+    span = owner.arena_span(m.Where.INPUT_ARENA if index == 0 else m.Where.OUTPUT_ARENA,
+                            ref.offset, ref.nbytes)  # fmt: skip
+    return span
+
+
+async def _finish_late(work: asyncio.Future[None], caller: WorkerBase, staged: list[int]) -> None:
+    """A call answered by its timeout: wait for the callee, then free what it held."""
+    with contextlib.suppress(Exception):
+        await work
+    caller.release_staged(staged)
+
+
+class _Answer:
+    """The BlsReply frames of one call: outputs inline (small) or lent (the callee's
+    output arena, mapped by the caller); after a timeout, late responses are dropped."""
+
+    def __init__(self, caller: WorkerBase, call: int) -> None:
+        self.caller = caller
+        self.call = call
+        self.finished = False
+        self.late = False
+
+    def fail(self, error: errors.DlserveError) -> None:
+        if not self.finished:
+            self.send(None, error, True)
+
+    def send(
+        self, response: InferResponse | None, error: errors.DlserveError | None, final: bool
+    ) -> None:
+        if self.late or self.finished:
+            _return_lent(response)
+            return
+        self.finished = final
+        caller = self.caller
+        if error is not None:
+            reply = m.BlsReply(self.call, error=error.message, error_code=error.code.value)
+            reply.final = final
+            caller.send_answer(reply, [])
+            return
+        if response is None:
+            caller.send_answer(m.BlsReply(self.call, final=final, has_response=False), [])
+            return
+        refs, payload = _output_refs(caller, response)
+        reply = m.BlsReply(self.call, refs, final=final, parameters=dict(response.parameters))
+        caller.send_answer(reply, payload)
+
+
+def _output_refs(
+    caller: WorkerBase, response: InferResponse
+) -> tuple[list[m.TensorRef], list[memoryview]]:
     refs: list[m.TensorRef] = []
     payload: list[memoryview] = []
     offset = 0
     for output in response.outputs:
+        shape = list(output.shape)
+        lent = output.lent
+        if lent is not None:  # a view for the caller; it gives the space back
+            caller.borrow(lent)
+            where = m.Where.PEER_ARENA
+            ref = m.TensorRef(output.name, output.datatype, shape, where, lent.offset,
+                              lent.byte_size, lent.arena_id, lent.path)  # fmt: skip
+            refs.append(ref)
+            continue
         data = memoryview(output.data if output.data is not None else b"")
-        refs.append(
-            m.TensorRef(
-                output.name,
-                output.datatype,
-                list(output.shape),
-                m.Where.PAYLOAD,
-                offset,
-                data.nbytes,
-            )
-        )
+        refs.append(m.TensorRef(output.name, output.datatype, shape, m.Where.PAYLOAD, offset,
+                                data.nbytes))  # fmt: skip
         payload.append(data)
         offset += data.nbytes
-    reply = m.BlsReply(call, refs, final=final, parameters=dict(response.parameters))
-    caller.send_answer(reply, payload)
+    return refs, payload
+
+
+def _return_lent(response: InferResponse | None) -> None:
+    """Outputs nobody will map: their space goes back to the callee at once."""
+    if response is None:
+        return
+    for output in response.outputs:
+        if output.lent is not None:
+            owner = ARENA_OWNERS.get(output.lent.arena_id)
+            if owner is not None:
+                owner.release_lent(output.lent.offset)

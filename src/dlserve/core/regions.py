@@ -20,13 +20,13 @@ import ipaddress
 import itertools
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from dlserve import errors
 from dlserve.tensors.shm import object_size, open_client_object
-from dlserve.types import InferRequest, Peer, RegionRef, RegionSpan, RegionStatus
+from dlserve.types import ArenaSpan, InferRequest, Peer, RegionRef, RegionSpan, RegionStatus
 
 AllowClientShm = Literal["local", "false", "any"]
 ALLOW_CLIENT_SHM: Final = ("local", "false", "any")
@@ -78,8 +78,8 @@ class Region:
 class RegionLease:
     """The regions one request uses, counted as in use until it is released."""
 
-    inputs: dict[str, RegionSpan]
-    outputs: dict[str, RegionSpan]
+    inputs: Mapping[str, RegionSpan | ArenaSpan]  # ArenaSpan: a BLS caller's arena
+    outputs: Mapping[str, RegionSpan]
     regions: list[Region]
 
     def bind(self, worker: RegionUser) -> None:
@@ -179,11 +179,14 @@ class RegionRegistry:
             region.uses += 1
         return RegionLease(input_spans, output_spans, regions)
 
-    def lease_spans(self, spans: dict[str, tuple[int, str, int, int]]) -> RegionLease:
+    def lease_spans(
+        self, spans: dict[str, tuple[int, str, int, int]], arenas: Mapping[str, ArenaSpan]
+    ) -> RegionLease:
         """A lease of regions a BLS call passes on by reference (by region id, key, offset
-        in the object, byte size): the caller's own request holds them, this one too."""
+        in the object, byte size): the caller's own request holds them, this one too.
+        ``arenas``: inputs in the caller's arenas, passed on as they are."""
         by_id = {r.id: r for r in self._regions.values()}
-        checked: dict[str, RegionSpan] = {}
+        checked: dict[str, RegionSpan | ArenaSpan] = dict(arenas)
         regions: dict[int, Region] = {}
         for name, (region_id, key, offset, size) in spans.items():
             region = by_id.get(region_id)

@@ -40,10 +40,12 @@ log = logging.getLogger("dlserve")
 @dataclass(frozen=True, slots=True)
 class Call:
     """What a BLS request brings besides the request: the models upstream of it (a cycle
-    is refused) and the lease of the client regions its inputs are in (by reference)."""
+    is refused) and where its inputs are when they travel by reference (client regions,
+    the caller's arenas)."""
 
     chain: tuple[str, ...] = ()
     lease: RegionLease | None = None
+    lend: bool = False  # outputs stay in the callee's output arena for the caller to map
 
 
 NO_CALL: Final = Call()
@@ -227,8 +229,9 @@ class InferenceService:
 
     @staticmethod
     def _response(loaded: ModelVersion, request: InferRequest, reply: WorkerReply) -> InferResponse:
+        shape = loaded.validator.output_shape
         outputs = [
-            OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
+            OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
             for o in reply.outputs
         ]
         return InferResponse(
@@ -267,7 +270,7 @@ class InferenceService:
             outputs = [o.name for o in request.outputs]
             responses = worker.infer_stream(
                 request.id, inputs, outputs, request.parameters, spans.inputs, spans.outputs,
-                chain=list(call.chain),
+                chain=list(call.chain), lend=call.lend,
             )  # fmt: skip
             async with contextlib.aclosing(responses):
                 async for each in responses:
@@ -301,13 +304,13 @@ class InferenceService:
             outputs = [o.name for o in request.outputs]
             if lease is None:
                 reply = await worker.infer(
-                    request.id, inputs, outputs, request.parameters, chain=chain
+                    request.id, inputs, outputs, request.parameters, chain=chain, lend=call.lend
                 )
                 return reply, batch
             lease.bind(worker)
             reply = await worker.infer(
                 request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs,
-                chain=chain,
+                chain=chain, lend=call.lend,
             )  # fmt: skip
             return reply, batch
         finally:

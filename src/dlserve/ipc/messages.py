@@ -22,6 +22,7 @@ class Where(enum.IntEnum):
     OUTPUT_ARENA = 2  # the worker-owned output arena
     NOWHERE = 3  # no data (output written into a client region elsewhere)
     CLIENT_REGION = 4  # a client's shared-memory object (key), at offset from its start
+    PEER_ARENA = 5  # another worker's arena (BLS): region = arena id, key = path to open it
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -119,6 +120,12 @@ class UnmapRegions(_Msg, tag=6):
     regions: list[int]
 
 
+class DropArenas(_Msg, tag=10):
+    """These workers' arenas are gone (the worker stopped): drop their mappings."""
+
+    arenas: list[int]
+
+
 ServerToWorker = (
     Load
     | Infer
@@ -129,6 +136,7 @@ ServerToWorker = (
     | Cancel
     | BlsReply
     | ControlReply
+    | DropArenas
 )
 
 # ---- worker -> server -----------------------------------------------------------------
@@ -180,8 +188,10 @@ class StreamResponse(_Msg, tag=104):
 class BlsCall(_Msg, tag=105):
     """A model's request to another model (``InferenceRequest.exec``).
 
-    Inputs are PAYLOAD refs (bytes in this frame) or CLIENT_REGION refs (a client's
-    region the caller received its input in: the callee maps it, nothing is copied).
+    Inputs are PAYLOAD refs (bytes in this frame), CLIENT_REGION refs (a client's region
+    the caller received its input in), INPUT_ARENA refs (the caller's own input) or
+    OUTPUT_ARENA refs (copied once into the caller's output arena, freed by the caller
+    when the call is over): the server hands the callee a reference, not the bytes.
     """
 
     call: int
@@ -205,6 +215,14 @@ class ControlCall(_Msg, tag=106):
     model_version: str = ""
     config: str = ""
     unload_dependents: bool = False
+
+
+class PeerRelease(_Msg, tag=107):
+    """A BLS caller is done with outputs it mapped from callees' arenas (PEER_ARENA refs):
+    ``offsets[i]`` of arena ``arenas[i]`` may be reused."""
+
+    arenas: list[int]
+    offsets: list[int]
 
 
 class MetricFamilyDef(_Msg, tag=110):
@@ -243,4 +261,5 @@ WorkerToServer = (
     | StreamResponse
     | BlsCall
     | ControlCall
+    | PeerRelease
 )

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import threading
+import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -22,13 +23,16 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import Arena, ShmSegment
-from dlserve.types import InputTensor, OutputTensor, RegionSpan
+from dlserve.types import ArenaSpan, InputTensor, OutputTensor, RegionSpan
 
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
 _worker_ids = itertools.count()
+_arena_ids = itertools.count(1)
+# Every live worker, by its arenas' ids: BLS tensors are passed between them by reference.
+ARENA_OWNERS: Final[weakref.WeakValueDictionary[int, WorkerBase]] = weakref.WeakValueDictionary()
 
 
 @dataclass(slots=True)
@@ -67,17 +71,29 @@ class CallSink(Protocol):
     def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None: ...
 
 
-_NO_SPANS: Final[Mapping[str, RegionSpan]] = {}
+Span = RegionSpan | ArenaSpan
+_NO_SPANS: Final[Mapping[str, Span]] = {}
 
 
 def _region_ref(
-    name: str, datatype: str, span: RegionSpan, shape: list[int] | None = None
+    name: str, datatype: str, span: Span, shape: list[int] | None = None
 ) -> m.TensorRef:
-    """A tensor in (or an output going to) a client region; ``nbytes`` is the span's size."""
+    """A tensor in (or an output going to) a client region, or in another worker's arena
+    (a BLS caller's); ``nbytes`` is the span's size."""
+    if isinstance(span, ArenaSpan):
+        return m.TensorRef(
+            name, datatype, shape or [], m.Where.PEER_ARENA, span.offset, span.byte_size,
+            span.arena_id, span.path,
+        )  # fmt: skip
     return m.TensorRef(
         name, datatype, shape or [], m.Where.CLIENT_REGION, span.offset, span.byte_size,
         span.region_id, span.key,
     )  # fmt: skip
+
+
+def _proc_path(segment: ShmSegment) -> str:
+    """A path that reopens ``segment``'s memfd (this process keeps it open)."""
+    return f"/proc/{os.getpid()}/fd/{segment.fd}"
 
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
@@ -94,7 +110,13 @@ class WorkerBase:
         self.input_segment = ShmSegment.anonymous(f"{base_name}_in", INPUT_ARENA_SIZE)
         self.output_segment = ShmSegment.anonymous(f"{base_name}_out", OUTPUT_ARENA_SIZE)
         self.input_arena = Arena(self.input_segment)
+        # The memfds stay open: other workers map these arenas through /proc (BLS).
+        self.arena_ids = (next(_arena_ids), next(_arena_ids))  # (input, output)
+        self._arena_paths = (_proc_path(self.input_segment), _proc_path(self.output_segment))
+        for arena_id in self.arena_ids:
+            ARENA_OWNERS[arena_id] = self
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
+        self._borrowed: set[tuple[int, int]] = set()  # (arena id, offset) lent to this caller
         self._pending: dict[int, _Pending] = {}
         self._rids = itertools.count(1)
         self._control: asyncio.Future[m.WorkerToServer] | None = None
@@ -133,6 +155,9 @@ class WorkerBase:
         elif isinstance(msg, m.ControlCall):
             if self.calls is not None:
                 self.calls.on_control(self, msg)
+        elif isinstance(msg, m.PeerRelease):
+            for arena, offset in zip(msg.arenas, msg.offsets, strict=True):
+                self.give_back(arena, offset)
         elif self._control is not None and not self._control.done():
             self._control.set_result(msg)
 
@@ -180,6 +205,7 @@ class WorkerBase:
         self._pending.clear()
         if self._control is not None and not self._control.done():
             self._control.set_exception(failure)
+        self._give_back_all()  # what it mapped of other workers' outputs
         if not self.closed.done():
             self.closed.set_result(reason)
 
@@ -229,13 +255,15 @@ class WorkerBase:
         inputs: list[InputTensor],
         outputs: list[str],
         parameters: dict[str, m.ParamValue],
-        input_spans: Mapping[str, RegionSpan] = _NO_SPANS,
-        output_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        input_spans: Mapping[str, Span] = _NO_SPANS,
+        output_spans: Mapping[str, Span] = _NO_SPANS,
         chain: list[str] | None = None,
+        lend: bool = False,
     ) -> WorkerReply:
         """Run one request. Inputs without data are in client regions (``input_spans``,
         by name); outputs named in ``output_spans`` are written into client regions.
-        ``chain``: the models upstream of a BLS request."""
+        ``chain``: the models upstream of a BLS request; ``lend``: outputs in the output
+        arena stay there for the caller to map (see :meth:`arena_span`)."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
@@ -256,7 +284,7 @@ class WorkerBase:
         except asyncio.CancelledError:
             self.cancel(rid)
             raise
-        return self._reply(done, payload_back)
+        return self._reply(done, payload_back, lend)
 
     async def infer_stream(
         self,
@@ -264,9 +292,10 @@ class WorkerBase:
         inputs: list[InputTensor],
         outputs: list[str],
         parameters: dict[str, m.ParamValue],
-        input_spans: Mapping[str, RegionSpan] = _NO_SPANS,
-        output_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        input_spans: Mapping[str, Span] = _NO_SPANS,
+        output_spans: Mapping[str, Span] = _NO_SPANS,
         chain: list[str] | None = None,
+        lend: bool = False,
     ) -> AsyncGenerator[StreamReply, None]:
         """Run one request of a decoupled model: its responses as they come, the last one
         final. Leaving early (the client went away) tells the model: ``is_cancelled()``."""
@@ -292,20 +321,22 @@ class WorkerBase:
                     return
                 frame, data = item
                 final = frame.final
-                yield self._stream_reply(frame, data)
+                yield self._stream_reply(frame, data, lend)
         finally:
             if not final:
                 pending.abandoned = True
                 self.cancel(rid)
 
-    def _stream_reply(self, frame: m.StreamResponse, payload: memoryview) -> StreamReply:
+    def _stream_reply(
+        self, frame: m.StreamResponse, payload: memoryview, lend: bool
+    ) -> StreamReply:
         if frame.error_code:
             error = errors.ModelError(frame.error, errors.ErrorCode(frame.error_code))
             return StreamReply(None, error, frame.final, frame.timings)
         if not frame.has_response:
             return StreamReply(None, None, frame.final, frame.timings)
         done = m.InferDone(frame.rid, frame.outputs, parameters=frame.parameters)
-        return StreamReply(self._reply(done, payload), None, frame.final, frame.timings)
+        return StreamReply(self._reply(done, payload, lend), None, frame.final, frame.timings)
 
     def cancel(self, rid: int) -> None:
         """The client of request ``rid`` has gone: the model sees ``is_cancelled()``."""
@@ -318,7 +349,7 @@ class WorkerBase:
             self._channel.send(m.UnmapRegions(regions))
 
     def _place_inputs(
-        self, inputs: list[InputTensor], spans: Mapping[str, RegionSpan]
+        self, inputs: list[InputTensor], spans: Mapping[str, Span]
     ) -> tuple[list[m.TensorRef], list[memoryview], list[int]]:
         refs: list[m.TensorRef] = []
         payload: list[memoryview] = []
@@ -346,21 +377,56 @@ class WorkerBase:
             refs.append(ref)
         return refs, payload, offsets
 
-    def _reply(self, done: m.InferDone, payload: memoryview) -> WorkerReply:
+    def _reply(self, done: m.InferDone, payload: memoryview, lend: bool = False) -> WorkerReply:
         if done.error_code:
             raise errors.ModelError(done.error, errors.ErrorCode(done.error_code))
         outputs = []
         for ref in done.outputs:
             data: bytes | memoryview | None
+            lent = None
             if ref.where == m.Where.PAYLOAD:
                 data = payload[ref.offset : ref.offset + ref.nbytes]
+            elif ref.where == m.Where.OUTPUT_ARENA and lend:  # released by the BLS caller
+                data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
             elif ref.where == m.Where.OUTPUT_ARENA:
                 data = bytes(self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes])
                 self._schedule_release(ref.offset)
             else:
                 data = None
-            outputs.append(OutputTensor(ref.name, ref.datatype, tuple(ref.shape), data))
+            shape = tuple(ref.shape)
+            outputs.append(OutputTensor(ref.name, ref.datatype, shape, data, lent=lent))
         return WorkerReply(outputs, done.timings, done.parameters)
+
+    def arena_span(self, where: m.Where, offset: int, nbytes: int) -> ArenaSpan:
+        """Bytes in this worker's input or output arena, for another worker to map."""
+        index = 0 if where == m.Where.INPUT_ARENA else 1
+        return ArenaSpan(self.arena_ids[index], self._arena_paths[index], offset, nbytes)
+
+    def borrow(self, span: ArenaSpan) -> None:
+        """This worker (a BLS caller) now maps ``span``, another worker's output: the space
+        goes back when it says so (PeerRelease) or when it dies."""
+        self._borrowed.add((span.arena_id, span.offset))
+
+    def release_lent(self, offset: int) -> None:
+        """An output kept in this worker's output arena for a BLS caller that never mapped it."""
+        self._schedule_release(offset)
+
+    def give_back(self, arena: int, offset: int) -> None:
+        if (arena, offset) not in self._borrowed:
+            return  # given back already (say, after this worker's death)
+        self._borrowed.discard((arena, offset))
+        owner = ARENA_OWNERS.get(arena)
+        if owner is not None and arena == owner.arena_ids[1]:
+            owner.release_lent(offset)
+
+    def _give_back_all(self) -> None:
+        for arena, offset in list(self._borrowed):
+            self.give_back(arena, offset)
+
+    def release_staged(self, offsets: list[int]) -> None:
+        """A callee is done with inputs this worker staged in its output arena for it."""
+        if offsets and self._channel is not None:
+            self._channel.send(m.Release(offsets))
 
     def _schedule_release(self, offset: int) -> None:
         """Output-arena space goes back with the next Infer, or in a Release of its own."""
@@ -390,6 +456,12 @@ class WorkerBase:
         raise NotImplementedError
 
     def _cleanup_shm(self) -> None:
+        self._give_back_all()
+        for arena_id in self.arena_ids:
+            ARENA_OWNERS.pop(arena_id, None)
+        for other in list(ARENA_OWNERS.values()):  # drop their mappings of our arenas
+            if other is not self and other._channel is not None:
+                other._channel.send(m.DropArenas(list(self.arena_ids)))
         self.input_segment.close()
         self.output_segment.close()
 
@@ -414,8 +486,6 @@ class SubprocessWorker(WorkerBase):
             )  # fmt: skip
         finally:
             theirs.close()
-            self.input_segment.close_fd()
-            self.output_segment.close_fd()
         await self._connect(ours)
 
     @property
@@ -476,9 +546,7 @@ class InProcessWorker(WorkerBase):
     def _share(segment: ShmSegment) -> ShmSegment:
         """The worker thread's own mapping of a segment, as a worker process would have."""
         assert segment.fd is not None
-        shared = ShmSegment.from_fd(os.dup(segment.fd), segment.name)
-        segment.close_fd()
-        return shared
+        return ShmSegment.from_fd(os.dup(segment.fd), segment.name)
 
     async def _terminate(self, timeout: float) -> None:
         if self._thread is not None:

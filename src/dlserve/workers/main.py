@@ -53,7 +53,8 @@ def load(
     else:
         runner = ModelRunner(msg, arenas)
     worker.on_cancel = runner.cancel
-    worker.locator = runner.regions
+    worker.on_release = runner.release
+    worker.memory = runner
     try:
         runner.start()
     except LoadError as exc:
@@ -113,6 +114,9 @@ class _Serving:
         elif isinstance(msg, m.UnmapRegions):
             if self.runner is not None:
                 self.runner.unmap_regions(msg.regions)
+        elif isinstance(msg, m.DropArenas):
+            if self.runner is not None:
+                self.runner.peers.drop(msg.arenas)
         elif isinstance(msg, m.Load):
             self.runner = load(self.worker, msg, self.runner, self.arenas)
         elif isinstance(msg, m.Shutdown):

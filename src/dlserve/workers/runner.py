@@ -33,6 +33,7 @@ from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.workers.decoupled import decoupled_request
+from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
 # Outputs up to this size travel in the reply frame; larger ones through the arena.
@@ -81,6 +82,8 @@ class ModelRunner:
         self.output_arena = Arena(self.output_segment)
         self._arena_lock = threading.Lock()  # decoupled models send from their own threads
         self.regions = ClientRegions()
+        self.peers = PeerArenas()
+        self._input_base = _address_of(self.input_arena)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
 
     # -- loading ------------------------------------------------------------------------
@@ -203,6 +206,8 @@ class ModelRunner:
             raw = self.regions.view(ref, f"input '{ref.name}'")
             if dtype.is_bytes:
                 return _region_bytes(ref, raw), dtype
+        elif ref.where == m.Where.PEER_ARENA:  # a BLS caller's memory, by reference
+            raw = self.peers.view(ref)
         else:
             raw = self.input_arena.buffer[ref.offset : ref.offset + ref.nbytes]
         if dtype.is_bytes:
@@ -300,6 +305,34 @@ class ModelRunner:
         self.regions.view(written, f"output '{name}'")[:] = data
         return msgspec.structs.replace(written, datatype=datatype, shape=shape)
 
+    # -- BLS: where a caller's tensors can travel by reference (backend.bls.BlsMemory) ------
+    def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
+        """A ref to ``array``'s bytes when another worker can map them: in a client's
+        region, in this worker's input arena (the caller's own input), or in another
+        worker's arena mapped here (a callee's output, passed on)."""
+        found = self.regions.locate(array)
+        if found is not None or not array.flags.c_contiguous or array.nbytes == 0:
+            return found
+        start = int(array.__array_interface__["data"][0]) - self._input_base
+        if self._input_base and start >= 0 and start + array.nbytes <= self.input_arena.size:
+            return m.TensorRef("", "", [], m.Where.INPUT_ARENA, start, array.nbytes)
+        return None
+
+    def stage(self, data: memoryview) -> m.TensorRef | None:
+        """Copy a large tensor once into this worker's output arena for a callee to map;
+        the server releases the space once the callee is done. None: send it inline."""
+        if data.nbytes <= INLINE_OUTPUT_LIMIT:
+            return None
+        with self._arena_lock:
+            offset = self.output_arena.alloc(data.nbytes)
+        if offset is None:
+            return None
+        self.output_arena.view(offset, data.nbytes)[:] = data
+        return m.TensorRef("", "", [], m.Where.OUTPUT_ARENA, offset, data.nbytes)
+
+    def peer_view(self, ref: m.TensorRef) -> memoryview:
+        return self.peers.view(ref)
+
     def unmap_regions(self, regions: list[int]) -> None:
         self.regions.unmap(regions)
 
@@ -326,8 +359,16 @@ class ModelRunner:
             except Exception:
                 traceback.print_exc()
         self.regions.close()
+        self.peers.close()
         self.output_segment.close()
         self.input_arena.close()
+
+
+def _address_of(segment: ShmSegment) -> int:
+    """Where ``segment`` is mapped in this process (0 when it is empty)."""
+    if segment.size == 0:
+        return 0
+    return int(np.frombuffer(segment.buffer, dtype=np.uint8, count=1).ctypes.data)
 
 
 def _region_bytes(ref: m.TensorRef, raw: memoryview) -> npt.NDArray[Any]:

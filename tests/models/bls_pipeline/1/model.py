@@ -1,6 +1,7 @@
 """bls_pipeline: calls other models (BLS); the request parameter "mode" picks the calls.
 
 sync / async       OUTPUT0 = async_execute(double(x)) = 2x + 1, OUTPUT1 = double(x)
+                   (sync passes double's output on as it is, async passes a new array)
 gather             double(x) and async_execute(x) at once: OUTPUT0 = 2x, OUTPUT1 = x + 1
 decoupled[_async]  repeat(COUNT=len(x)): OUTPUT0 = the INDEX values, OUTPUT1 = [responses]
 in_place           in_place(its own INPUT0): OUTPUT0 = INPUT0 read afterwards, OUTPUT1 =
@@ -63,7 +64,8 @@ class TritonPythonModel:
 
     async def async_(self, request, x):
         doubled = output(await request_for("double", [x]).async_exec())
-        tensor = pb_utils.Tensor("INPUT0", doubled)
+        # a new array (not a view of double's output): copied once into shared memory
+        tensor = pb_utils.Tensor("INPUT0", doubled.copy())
         return output(await request_for("async_execute", [tensor]).async_exec()), doubled
 
     async def gather(self, request, x):
