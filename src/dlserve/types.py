@@ -49,6 +49,20 @@ class ArenaSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class CudaSpan:
+    """GPU memory of a worker, handed to another by CUDA IPC handle (BLS): the allocation's
+    handle and device, and the tensor's place in it. ``lend_id``: an output the owner keeps
+    until the borrower gives it back (0 for a caller's input, alive until the reply)."""
+
+    handle: bytes
+    device: int
+    offset: int
+    byte_size: int
+    lend_id: int = 0
+    owner: int = 0  # the lending worker's output arena id (gives it back through it)
+
+
+@dataclass(frozen=True, slots=True)
 class RegionStatus:
     """A registered system shared-memory region, as the status call lists it."""
 
@@ -112,7 +126,7 @@ class OutputTensor:
     shape: tuple[int, ...]
     data: bytes | memoryview | None
     parameters: Parameters = field(default_factory=dict)
-    lent: ArenaSpan | None = None
+    lent: ArenaSpan | CudaSpan | None = None
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from dlserve.backend import link
+from dlserve.backend import cuda_peers, link
 from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
@@ -67,10 +67,9 @@ def _encode_inputs(
     payload: list[memoryview] = []
     offset = 0
     for tensor in tensors:
-        # GPU-BLS: a GPU tensor should travel as a CUDA IPC handle of its allocation
-        # (cuIpcGetMemHandle + cuMemGetAddressRange for base and offset), opened once per
-        # allocation by the callee. Until the lead's tensors/cuda_ipc.py lands it is
-        # copied to the host here (Tensor.storage).
+        if tensor._gpu is not None:  # by CUDA IPC handle (GPU-BLS, see cuda_peers)
+            refs.append(_gpu_ref(tensor))
+            continue
         array = tensor.storage
         dtype = tensor.dtype
         shape = list(array.shape)
@@ -93,6 +92,23 @@ def _encode_inputs(
         payload.append(data)
         offset += data.nbytes
     return refs, payload
+
+
+def _gpu_ref(tensor: Tensor) -> m.TensorRef:
+    """A GPU input travels as its allocation's IPC handle; the caller's request keeps the
+    memory alive until the reply (the callee opens each handle once)."""
+    info = tensor._gpu
+    assert info is not None
+    ipc = cuda_peers.ipc()
+    found = ipc.find(info.ptr)  # received by handle itself: passed on by the same handle
+    if found is not None:
+        handle, device, offset = found
+    else:
+        handle, offset = ipc.export(info.ptr, info.device_id)
+        device = info.device_id
+    nbytes = tensor.dtype.itemsize * int(np.prod(info.shape, dtype=np.int64))
+    return m.TensorRef(tensor.name(), tensor.dtype.wire, list(info.shape), m.Where.CUDA_IPC,
+                       offset, nbytes, handle=handle, device=device)  # fmt: skip
 
 
 def _named(ref: m.TensorRef, name: str, datatype: str, shape: list[int]) -> m.TensorRef:
@@ -158,6 +174,12 @@ def _output_tensor(worker: link.WorkerLink, ref: m.TensorRef, payload: memoryvie
     """An output as a view: of the callee's output arena (mapped here; its space goes back
     when the array and every view of it are gone), or of the reply's own frame."""
     dtype = dtypes.BY_WIRE[ref.datatype]
+    if ref.where == m.Where.CUDA_IPC:  # a GPU output, lent until this Tensor is gone
+        base = cuda_peers.ipc().open(ref.handle, ref.device)
+        info = cuda_peers.gpu_info(base + ref.offset, ref.shape, dtype, ref.device)
+        keepalive = _Lent()
+        weakref.finalize(keepalive, worker.release_peer, ref.region, -ref.lend)
+        return Tensor._wrap_gpu(ref.name, info, keepalive)
     lent = ref.where == m.Where.PEER_ARENA and worker.memory is not None
     if lent:
         assert worker.memory is not None
@@ -174,6 +196,10 @@ def _output_tensor(worker: link.WorkerLink, ref: m.TensorRef, payload: memoryvie
         else:
             weakref.finalize(array, worker.release_peer, ref.region, ref.offset)
     return Tensor._wrap(ref.name, array, dtype)
+
+
+class _Lent:
+    """Held by a Tensor over a lent GPU output: when it goes, the output goes back."""
 
 
 def _triton_code(code: str) -> int:
@@ -198,10 +224,11 @@ _CODE_NAMES = {
 class ResponseIterator:
     """The responses of a BLS call to a decoupled model, the empty final one included."""
 
-    def __init__(self, worker: link.WorkerLink, call: int) -> None:
+    def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
         self._worker = worker
         self._call = call
         self._done = False
+        self._inputs = inputs  # the callee may read the caller's memory until the end
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -212,6 +239,7 @@ class ResponseIterator:
         reply, payload = _next_reply(self._worker, self._call)
         if reply.final:
             self._done = True
+            self._inputs = []
             self._worker.close_call(self._call)
         return _response(self._worker, reply, payload)
 
@@ -228,7 +256,7 @@ class ResponseIterator:
 def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator:
     worker, call = _send(request, decoupled)
     if decoupled:
-        return ResponseIterator(worker, call)
+        return ResponseIterator(worker, call, request.inputs())
     try:
         reply, payload = _next_reply(worker, call)
     finally:
@@ -242,8 +270,7 @@ async def async_execute(
     """As :func:`execute`; the wait runs in a thread so the model's loop goes on."""
     worker, call = _send(request, decoupled)
     if decoupled:
-        iterator = ResponseIterator(worker, call)
-        return iterator
+        return ResponseIterator(worker, call, request.inputs())
     try:
         reply, payload = await asyncio.to_thread(_next_reply, worker, call)
     finally:

@@ -50,7 +50,8 @@ class WorkerLink:
         self._call_ids = itertools.count(1)
         self._closed = False
         self.on_cancel: Callable[[int], None] | None = None  # the runner marks the request
-        self.on_release: Callable[[list[int]], None] | None = None  # output-arena space back
+        # output-arena space (and lent GPU outputs) back
+        self.on_release: Callable[[list[int], list[int]], None] | None = None
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
         self.chain: list[str] = []  # BLS: the models upstream of the request being executed
@@ -217,7 +218,7 @@ class WorkerLink:
         elif isinstance(msg, m.Cancel) and self.on_cancel is not None:
             self.on_cancel(msg.rid)
         elif isinstance(msg, m.Release) and self.on_release is not None:
-            self.on_release(msg.offsets)  # thread-safe: the serve loop may be busy
+            self.on_release(msg.offsets, msg.gpu)  # thread-safe: the serve loop may be busy
         elif not isinstance(msg, m.Cancel):
             self._queued.append(frame)
         self._cond.notify_all()

@@ -93,6 +93,15 @@ class Tensor:
         tensor._keepalive = None
         return tensor
 
+    @classmethod
+    def _wrap_gpu(cls, name: str, info: dlpack.DLTensorInfo, keepalive: object) -> Tensor:
+        """Internal: a GPU tensor over memory described by ``info`` (BLS, by IPC handle);
+        ``keepalive`` lives as long as the Tensor and what is exported from it."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._array, tensor._dtype = name, None, info.dtype
+        tensor._gpu, tensor._keepalive = info, keepalive
+        return tensor
+
     # -- Triton's accessors --------------------------------------------------------------
     def name(self) -> str:
         return self._name

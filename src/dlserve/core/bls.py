@@ -21,6 +21,7 @@ from dlserve import errors
 from dlserve.ipc import messages as m
 from dlserve.types import (
     ArenaSpan,
+    CudaSpan,
     InferRequest,
     InferResponse,
     InputTensor,
@@ -117,7 +118,7 @@ class BlsRouter:
 
         inputs: list[InputTensor] = []
         spans: dict[str, tuple[int, str, int, int]] = {}
-        arenas: dict[str, ArenaSpan] = {}
+        arenas: dict[str, ArenaSpan | CudaSpan] = {}
         for ref in msg.inputs:
             shape = tuple(ref.shape)
             if ref.where == m.Where.PAYLOAD:
@@ -133,6 +134,8 @@ class BlsRouter:
                 arenas[ref.name] = caller.arena_span(ref.where, ref.offset, ref.nbytes)
             elif ref.where == m.Where.PEER_ARENA:  # a callee's output the caller passes on
                 arenas[ref.name] = _peer_span(ref)
+            elif ref.where == m.Where.CUDA_IPC:  # GPU memory the caller keeps until the reply
+                arenas[ref.name] = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes)
             else:
                 raise errors.InvalidArgumentError(f"BLS input '{ref.name}' has no data")
         lease = self.service.regions.lease_spans(spans, arenas) if spans or arenas else None
@@ -226,6 +229,13 @@ def _output_refs(
     for output in response.outputs:
         shape = list(output.shape)
         lent = output.lent
+        if isinstance(lent, CudaSpan):  # by IPC handle; the caller gives it back
+            caller.borrow(lent)
+            ref = m.TensorRef(output.name, output.datatype, shape, m.Where.CUDA_IPC,
+                              lent.offset, lent.byte_size, lent.owner, handle=lent.handle,
+                              device=lent.device, lend=lent.lend_id)  # fmt: skip
+            refs.append(ref)
+            continue
         if lent is not None:  # a view for the caller; it gives the space back
             caller.borrow(lent)
             where = m.Where.PEER_ARENA
@@ -246,7 +256,12 @@ def _return_lent(response: InferResponse | None) -> None:
     if response is None:
         return
     for output in response.outputs:
-        if output.lent is not None:
-            owner = ARENA_OWNERS.get(output.lent.arena_id)
+        lent = output.lent
+        if isinstance(lent, CudaSpan):
+            owner = ARENA_OWNERS.get(lent.owner)
             if owner is not None:
-                owner.release_lent(output.lent.offset)
+                owner.release_lent(-lent.lend_id)
+        elif lent is not None:
+            owner = ARENA_OWNERS.get(lent.arena_id)
+            if owner is not None:
+                owner.release_lent(lent.offset)

@@ -26,7 +26,15 @@ from typing import Final, Literal, Protocol
 
 from dlserve import errors
 from dlserve.tensors.shm import object_size, open_client_object
-from dlserve.types import ArenaSpan, InferRequest, Peer, RegionRef, RegionSpan, RegionStatus
+from dlserve.types import (
+    ArenaSpan,
+    CudaSpan,
+    InferRequest,
+    Peer,
+    RegionRef,
+    RegionSpan,
+    RegionStatus,
+)
 
 AllowClientShm = Literal["local", "false", "any"]
 ALLOW_CLIENT_SHM: Final = ("local", "false", "any")
@@ -78,7 +86,7 @@ class Region:
 class RegionLease:
     """The regions one request uses, counted as in use until it is released."""
 
-    inputs: Mapping[str, RegionSpan | ArenaSpan]  # ArenaSpan: a BLS caller's arena
+    inputs: Mapping[str, RegionSpan | ArenaSpan | CudaSpan]  # BLS: a caller's memory
     outputs: Mapping[str, RegionSpan]
     regions: list[Region]
 
@@ -180,13 +188,15 @@ class RegionRegistry:
         return RegionLease(input_spans, output_spans, regions)
 
     def lease_spans(
-        self, spans: dict[str, tuple[int, str, int, int]], arenas: Mapping[str, ArenaSpan]
+        self,
+        spans: dict[str, tuple[int, str, int, int]],
+        arenas: Mapping[str, ArenaSpan | CudaSpan],
     ) -> RegionLease:
         """A lease of regions a BLS call passes on by reference (by region id, key, offset
         in the object, byte size): the caller's own request holds them, this one too.
         ``arenas``: inputs in the caller's arenas, passed on as they are."""
         by_id = {r.id: r for r in self._regions.values()}
-        checked: dict[str, RegionSpan | ArenaSpan] = dict(arenas)
+        checked: dict[str, RegionSpan | ArenaSpan | CudaSpan] = dict(arenas)
         regions: dict[int, Region] = {}
         for name, (region_id, key, offset, size) in spans.items():
             region = by_id.get(region_id)

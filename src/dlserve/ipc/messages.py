@@ -23,6 +23,7 @@ class Where(enum.IntEnum):
     NOWHERE = 3  # no data (output written into a client region elsewhere)
     CLIENT_REGION = 4  # a client's shared-memory object (key), at offset from its start
     PEER_ARENA = 5  # another worker's arena (BLS): region = arena id, key = path to open it
+    CUDA_IPC = 6  # GPU memory of another worker (BLS): handle, device, offset in the allocation
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -34,6 +35,9 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int
     region: int = 0  # CLIENT_REGION: the region's id (workers map each region once, by id)
     key: str = ""  # CLIENT_REGION: the shared-memory object's name
+    handle: bytes = b""  # CUDA_IPC: the allocation's IPC handle
+    device: int = 0  # CUDA_IPC: its device
+    lend: int = 0  # CUDA_IPC output lent to a BLS caller: its id in the owner (region: owner)
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -69,6 +73,7 @@ class Infer(_Msg, tag=2):
     # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
     output_regions: list[TensorRef] = []
     chain: list[str] = []  # BLS: the models upstream of this request, callers first
+    lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
 
 
 class Cancel(_Msg, tag=7):
@@ -103,6 +108,7 @@ class ControlReply(_Msg, tag=9):
 
 class Release(_Msg, tag=3):
     offsets: list[int]
+    gpu: list[int] = []  # lent GPU outputs (their lend ids) a BLS caller is done with
 
 
 class Shutdown(_Msg, tag=4):

@@ -23,7 +23,7 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import Arena, ShmSegment
-from dlserve.types import ArenaSpan, InputTensor, OutputTensor, RegionSpan
+from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor, RegionSpan
 
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
@@ -71,7 +71,7 @@ class CallSink(Protocol):
     def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None: ...
 
 
-Span = RegionSpan | ArenaSpan
+Span = RegionSpan | ArenaSpan | CudaSpan
 _NO_SPANS: Final[Mapping[str, Span]] = {}
 
 
@@ -80,6 +80,11 @@ def _region_ref(
 ) -> m.TensorRef:
     """A tensor in (or an output going to) a client region, or in another worker's arena
     (a BLS caller's); ``nbytes`` is the span's size."""
+    if isinstance(span, CudaSpan):
+        return m.TensorRef(
+            name, datatype, shape or [], m.Where.CUDA_IPC, span.offset, span.byte_size,
+            handle=span.handle, device=span.device,
+        )  # fmt: skip
     if isinstance(span, ArenaSpan):
         return m.TensorRef(
             name, datatype, shape or [], m.Where.PEER_ARENA, span.offset, span.byte_size,
@@ -278,6 +283,7 @@ class WorkerBase:
             msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
         if chain:
             msg.chain = chain
+        msg.lend = lend
         channel.send(msg, payload)
         try:
             done, payload_back = await future
@@ -307,7 +313,8 @@ class WorkerBase:
         pending = _Pending(None, offsets, asyncio.Queue())
         self._pending[rid] = pending
         release, self._release = self._release, []
-        msg = m.Infer(rid, request_id, refs, outputs, parameters, release, chain=chain or [])
+        msg = m.Infer(rid, request_id, refs, outputs, parameters, release, chain=chain or [],
+                      lend=lend)  # fmt: skip
         if output_spans:
             msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
         channel.send(msg, payload)
@@ -383,11 +390,15 @@ class WorkerBase:
         outputs = []
         for ref in done.outputs:
             data: bytes | memoryview | None
-            lent = None
+            lent: ArenaSpan | CudaSpan | None = None
             if ref.where == m.Where.PAYLOAD:
                 data = payload[ref.offset : ref.offset + ref.nbytes]
             elif ref.where == m.Where.OUTPUT_ARENA and lend:  # released by the BLS caller
                 data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
+            elif ref.where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
+                data = None
+                lent = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes, ref.lend,
+                                self.arena_ids[1])  # fmt: skip
             elif ref.where == m.Where.OUTPUT_ARENA:
                 data = bytes(self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes])
                 self._schedule_release(ref.offset)
@@ -402,14 +413,22 @@ class WorkerBase:
         index = 0 if where == m.Where.INPUT_ARENA else 1
         return ArenaSpan(self.arena_ids[index], self._arena_paths[index], offset, nbytes)
 
-    def borrow(self, span: ArenaSpan) -> None:
+    def borrow(self, span: ArenaSpan | CudaSpan) -> None:
         """This worker (a BLS caller) now maps ``span``, another worker's output: the space
-        goes back when it says so (PeerRelease) or when it dies."""
-        self._borrowed.add((span.arena_id, span.offset))
+        goes back when it says so (PeerRelease) or when it dies. A GPU output is counted
+        as (its owner's output arena, -lend id)."""
+        if isinstance(span, CudaSpan):
+            self._borrowed.add((span.owner, -span.lend_id))
+        else:
+            self._borrowed.add((span.arena_id, span.offset))
 
     def release_lent(self, offset: int) -> None:
-        """An output kept in this worker's output arena for a BLS caller that never mapped it."""
-        self._schedule_release(offset)
+        """An output kept in this worker's output arena for a BLS caller that never mapped it
+        (or is done with it); a negative offset is a lent GPU output's lend id."""
+        if offset >= 0:
+            self._schedule_release(offset)
+        elif self._channel is not None:
+            self._channel.send(m.Release([], gpu=[-offset]))
 
     def give_back(self, arena: int, offset: int) -> None:
         if (arena, offset) not in self._borrowed:

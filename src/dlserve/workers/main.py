@@ -110,7 +110,7 @@ class _Serving:
                 self.worker.send(*reply)
         elif isinstance(msg, m.Release):
             if self.runner is not None:
-                self.runner.release(msg.offsets)
+                self.runner.release(msg.offsets, msg.gpu)
         elif isinstance(msg, m.UnmapRegions):
             if self.runner is not None:
                 self.runner.unmap_regions(msg.regions)

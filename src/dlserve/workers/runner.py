@@ -32,6 +32,7 @@ from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
+from dlserve.workers import gpu_bls
 from dlserve.workers.decoupled import decoupled_request
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
@@ -83,6 +84,7 @@ class ModelRunner:
         self._arena_lock = threading.Lock()  # decoupled models send from their own threads
         self.regions = ClientRegions()
         self.peers = PeerArenas()
+        self.gpu_lender = gpu_bls.GpuLender()
         self._input_base = _address_of(self.input_arena)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
 
@@ -185,7 +187,10 @@ class ModelRunner:
 
     def _request(self, msg: m.Infer, payload: memoryview) -> pb_utils.InferenceRequest:
         inputs = [
-            pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload)) for ref in msg.inputs
+            pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
+            if ref.where != m.Where.CUDA_IPC
+            else gpu_bls.input_tensor(ref)  # a BLS caller's GPU memory
+            for ref in msg.inputs
         ]
         request = pb_utils.InferenceRequest(
             model_name=self.load.model_name,
@@ -250,6 +255,9 @@ class ModelRunner:
             if wanted and tensor.name() not in wanted:
                 continue
             target = targets.get(tensor.name()) if targets else None
+            if msg.lend and not tensor.is_cpu() and target is None:  # GPU, to a BLS caller
+                refs.append(self.gpu_lender.lend(tensor))
+                continue
             ref, buffer = self._output_ref(tensor, offset, target)
             refs.append(ref)
             if buffer is not None:
@@ -346,10 +354,13 @@ class ModelRunner:
             return exc.message(), exc.error_code().value
         return describe_exception(exc, self.load.model_path), "internal"
 
-    def release(self, offsets: Sequence[int]) -> None:
+    def release(self, offsets: Sequence[int], gpu: Sequence[int] = ()) -> None:
+        """Output-arena space the server is done with; ``gpu``: lent GPU outputs given back."""
         with self._arena_lock:
             for offset in offsets:
                 self.output_arena.free(offset)
+        if gpu:
+            self.gpu_lender.give_back(list(gpu))
 
     # -- shutdown -----------------------------------------------------------------------
     def finalize(self) -> None:

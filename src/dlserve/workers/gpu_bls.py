@@ -1,0 +1,61 @@
+"""GPU tensors between models (BLS) in the worker: received by CUDA IPC handle, and GPU
+outputs lent to a BLS caller by handle instead of being copied to the host.
+
+GPU-BLS (for the lead): this runs only on a GPU machine; ``tests/e2e/test_bls_gpu.py``
+exercises it. The IPC calls go through ``backend.cuda_peers.ipc()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from dlserve import backend as pb_utils
+from dlserve.backend import cuda_peers
+from dlserve.ipc import messages as m
+from dlserve.tensors import dtypes
+
+
+def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
+    """A CUDA_IPC input: a GPU tensor over the caller's memory (the handle opened once)."""
+    base = cuda_peers.ipc().open(ref.handle, ref.device)
+    dtype = dtypes.BY_WIRE[ref.datatype]
+    info = cuda_peers.gpu_info(base + ref.offset, ref.shape, dtype, ref.device)
+    return pb_utils.Tensor._wrap_gpu(ref.name, info, None)
+
+
+class GpuLender:
+    """GPU outputs a BLS caller maps by handle; each is kept alive until given back."""
+
+    def __init__(self) -> None:
+        self._lent: dict[int, pb_utils.Tensor] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def lend(self, tensor: pb_utils.Tensor) -> m.TensorRef:
+        info = tensor._gpu
+        assert info is not None
+        found = cuda_peers.ipc().find(info.ptr)  # itself received by handle: pass it on
+        if found is not None:
+            handle, device, offset = found
+        else:
+            handle, offset = cuda_peers.ipc().export(info.ptr, info.device_id)
+            device = info.device_id
+        nbytes = tensor.dtype.itemsize * _count(info.shape)
+        with self._lock:
+            lend_id = next(self._ids)
+            self._lent[lend_id] = tensor
+        return m.TensorRef(tensor.name(), tensor.dtype.wire, list(info.shape), m.Where.CUDA_IPC,
+                           offset, nbytes, handle=handle, device=device, lend=lend_id)  # fmt: skip
+
+    def give_back(self, lend_ids: list[int]) -> None:
+        with self._lock:
+            for lend_id in lend_ids:
+                self._lent.pop(lend_id, None)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count

@@ -1,0 +1,45 @@
+"""bls_gpu: BLS with CUDA tensors passed between models by IPC handle; see config.pbtxt."""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call(op, tensor):
+    request = pb_utils.InferenceRequest(
+        model_name="gpu_ops",
+        inputs=[tensor],
+        requested_output_names=["OUTPUT0"],
+        parameters={"op": op},
+    )
+    response = request.exec()
+    if response.has_error():
+        raise pb_utils.TritonModelException(response.error().message())
+    return pb_utils.get_output_tensor_by_name(response, "OUTPUT0")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        import torch
+
+        responses = []
+        for request in requests:
+            mode = json.loads(request.parameters()).get("mode", "pipeline")
+            x = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "INPUT0"))
+            x = x.cuda()
+            if mode == "in_place":
+                call("add_one_in_place", pb_utils.Tensor.from_dlpack("INPUT0", x))
+                result, on_gpu = x, True
+            else:
+                doubled = call("double", pb_utils.Tensor.from_dlpack("INPUT0", x))
+                renamed = pb_utils.Tensor.from_dlpack("INPUT0", doubled)
+                plus_one = call("add_one", renamed)
+                result = torch.from_dlpack(plus_one)
+                on_gpu = not doubled.is_cpu() and not plus_one.is_cpu()
+            outputs = [
+                pb_utils.Tensor("OUTPUT0", result.cpu().numpy()),
+                pb_utils.Tensor("OUTPUT1", np.array([float(on_gpu)], dtype=np.float32)),
+            ]
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
