@@ -28,7 +28,8 @@ from dlserve.types import (
     RegionRef,
     RequestedOutput,
 )
-from dlserve.workers.client import ARENA_OWNERS, WorkerBase
+from dlserve.workers.client import WorkerBase
+from dlserve.workers.lending import ARENA_OWNERS
 
 if TYPE_CHECKING:
     from dlserve.core.service import Call, InferenceService

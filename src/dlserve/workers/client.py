@@ -1,8 +1,9 @@
 """The server's handle on one worker: start it, send it requests, notice its death.
 
-:class:`SubprocessWorker` runs the worker as ``python -m dlserve.workers.main``
-over a socketpair; :class:`InProcessWorker` runs the very same loop in a
-thread (tests, ``--debug``). Both speak the same frames.
+:class:`WorkerBase` speaks the frames: requests out (``infer``, ``infer_stream`` for a
+decoupled model), replies and a worker's own calls (metrics, BLS) in. The two kinds of
+worker (a process, or a thread for tests and ``--debug``) are in ``processes.py``; the
+memory workers lend each other for BLS in ``lending.py``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,6 @@ import asyncio
 import itertools
 import os
 import socket
-import sys
-import threading
-import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -21,18 +19,16 @@ from typing import Final, Protocol
 from dlserve import errors
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
-from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
+from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor, RegionSpan
+from dlserve.workers.lending import ArenaLending
 
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
 _worker_ids = itertools.count()
-_arena_ids = itertools.count(1)
-# Every live worker, by its arenas' ids: BLS tensors are passed between them by reference.
-ARENA_OWNERS: Final[weakref.WeakValueDictionary[int, WorkerBase]] = weakref.WeakValueDictionary()
 
 
 @dataclass(slots=True)
@@ -96,16 +92,11 @@ def _region_ref(
     )  # fmt: skip
 
 
-def _proc_path(segment: ShmSegment) -> str:
-    """A path that reopens ``segment``'s memfd (this process keeps it open)."""
-    return f"/proc/{os.getpid()}/fd/{segment.fd}"
-
-
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
-class WorkerBase:
+class WorkerBase(ArenaLending):
     """Shared logic of both worker kinds; subclasses only start and stop the other side."""
 
     def __init__(self, label: str) -> None:
@@ -115,13 +106,8 @@ class WorkerBase:
         self.input_segment = ShmSegment.anonymous(f"{base_name}_in", INPUT_ARENA_SIZE)
         self.output_segment = ShmSegment.anonymous(f"{base_name}_out", OUTPUT_ARENA_SIZE)
         self.input_arena = Arena(self.input_segment)
-        # The memfds stay open: other workers map these arenas through /proc (BLS).
-        self.arena_ids = (next(_arena_ids), next(_arena_ids))  # (input, output)
-        self._arena_paths = (_proc_path(self.input_segment), _proc_path(self.output_segment))
-        for arena_id in self.arena_ids:
-            ARENA_OWNERS[arena_id] = self
+        self._start_lending(self.input_segment, self.output_segment)
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
-        self._borrowed: set[tuple[int, int]] = set()  # (arena id, offset) lent to this caller
         self._pending: dict[int, _Pending] = {}
         self._rids = itertools.count(1)
         self._control: asyncio.Future[m.WorkerToServer] | None = None
@@ -408,45 +394,6 @@ class WorkerBase:
             outputs.append(OutputTensor(ref.name, ref.datatype, shape, data, lent=lent))
         return WorkerReply(outputs, done.timings, done.parameters)
 
-    def arena_span(self, where: m.Where, offset: int, nbytes: int) -> ArenaSpan:
-        """Bytes in this worker's input or output arena, for another worker to map."""
-        index = 0 if where == m.Where.INPUT_ARENA else 1
-        return ArenaSpan(self.arena_ids[index], self._arena_paths[index], offset, nbytes)
-
-    def borrow(self, span: ArenaSpan | CudaSpan) -> None:
-        """This worker (a BLS caller) now maps ``span``, another worker's output: the space
-        goes back when it says so (PeerRelease) or when it dies. A GPU output is counted
-        as (its owner's output arena, -lend id)."""
-        if isinstance(span, CudaSpan):
-            self._borrowed.add((span.owner, -span.lend_id))
-        else:
-            self._borrowed.add((span.arena_id, span.offset))
-
-    def release_lent(self, offset: int) -> None:
-        """An output kept in this worker's output arena for a BLS caller that never mapped it
-        (or is done with it); a negative offset is a lent GPU output's lend id."""
-        if offset >= 0:
-            self._schedule_release(offset)
-        elif self._channel is not None:
-            self._channel.send(m.Release([], gpu=[-offset]))
-
-    def give_back(self, arena: int, offset: int) -> None:
-        if (arena, offset) not in self._borrowed:
-            return  # given back already (say, after this worker's death)
-        self._borrowed.discard((arena, offset))
-        owner = ARENA_OWNERS.get(arena)
-        if owner is not None and arena == owner.arena_ids[1]:
-            owner.release_lent(offset)
-
-    def _give_back_all(self) -> None:
-        for arena, offset in list(self._borrowed):
-            self.give_back(arena, offset)
-
-    def release_staged(self, offsets: list[int]) -> None:
-        """A callee is done with inputs this worker staged in its output arena for it."""
-        if offsets and self._channel is not None:
-            self._channel.send(m.Release(offsets))
-
     def _schedule_release(self, offset: int) -> None:
         """Output-arena space goes back with the next Infer, or in a Release of its own."""
         self._release.append(offset)
@@ -475,98 +422,6 @@ class WorkerBase:
         raise NotImplementedError
 
     def _cleanup_shm(self) -> None:
-        self._give_back_all()
-        for arena_id in self.arena_ids:
-            ARENA_OWNERS.pop(arena_id, None)
-        for other in list(ARENA_OWNERS.values()):  # drop their mappings of our arenas
-            if other is not self and other._channel is not None:
-                other._channel.send(m.DropArenas(list(self.arena_ids)))
+        self._stop_lending()
         self.input_segment.close()
         self.output_segment.close()
-
-
-class SubprocessWorker(WorkerBase):
-    """A worker in its own process."""
-
-    def __init__(self, label: str) -> None:
-        super().__init__(label)
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def spawn(self, env: dict[str, str] | None = None) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        in_fd, out_fd = self.input_segment.fd, self.output_segment.fd
-        assert in_fd is not None and out_fd is not None
-        command = [sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
-                   "--input-arena-fd", str(in_fd), "--output-arena-fd", str(out_fd)]  # fmt: skip
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-        finally:
-            theirs.close()
-        await self._connect(ours)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    def death_reason(self) -> str:
-        code = None if self.process is None else self.process.returncode
-        how = "" if code is None else (f" (signal {-code})" if code < 0 else f" (exit code {code})")
-        return f"model instance '{self.label}' exited unexpectedly{how}"
-
-    async def _reaped(self, timeout: float) -> None:
-        if self.process is not None:
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout)
-            except TimeoutError:
-                pass
-
-    async def _terminate(self, timeout: float) -> None:
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        try:
-            await asyncio.wait_for(process.wait(), timeout)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
-class InProcessWorker(WorkerBase):
-    """The worker loop in a thread of the server process (tests, ``--debug``)."""
-
-    def __init__(self, label: str) -> None:
-        super().__init__(label)
-        self._thread: threading.Thread | None = None
-
-    async def spawn(self, env: dict[str, str] | None = None) -> None:
-        from dlserve.workers.main import install_pb_utils, serve
-
-        install_pb_utils()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        channel: BlockingChannel[m.ServerToWorker] = BlockingChannel(theirs, codec.to_worker)
-        arenas = (self._share(self.input_segment), self._share(self.output_segment))
-
-        def run() -> None:
-            try:
-                serve(channel, arenas)
-            except ChannelClosed:
-                pass
-            finally:
-                channel.close()
-
-        self._thread = threading.Thread(target=run, name=f"worker-{self.label}", daemon=True)
-        self._thread.start()
-        await self._connect(ours)
-
-    @staticmethod
-    def _share(segment: ShmSegment) -> ShmSegment:
-        """The worker thread's own mapping of a segment, as a worker process would have."""
-        assert segment.fd is not None
-        return ShmSegment.from_fd(os.dup(segment.fd), segment.name)
-
-    async def _terminate(self, timeout: float) -> None:
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout)
