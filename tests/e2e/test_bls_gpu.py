@@ -23,7 +23,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("bls_gpu_repo")
-    for name in ("gpu_ops", "bls_gpu"):
+    for name in ("bls_gpu_ops", "bls_gpu"):
         shutil.copytree(TEST_MODELS / name, repository / name)
     with run_server(repository) as running:
         yield running
@@ -48,3 +48,27 @@ def test_gpu_pipeline_keeps_tensors_on_the_gpu(server: RunningServer, size: int)
 def test_gpu_zero_copy_between_models(server: RunningServer) -> None:
     x = np.arange(1000, dtype=np.float32)
     np.testing.assert_array_equal(infer(server, "in_place", x).as_numpy("OUTPUT0"), x + 1)
+
+
+def test_gpu_zero_copy_from_a_client_cuda_region(server: RunningServer) -> None:
+    """The client's input is in its CUDA shared memory; bls_gpu passes it on (by the
+    client's handle) to bls_gpu_ops, which adds 1 to it in place: the client's own GPU
+    memory changes."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    x = np.arange(4096, dtype=np.float32)
+    region = cudashm.create_shared_memory_region("bls_gpu_in", x.nbytes, 0)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        try:
+            cudashm.set_shared_memory_region(region, [x])
+            client.register_cuda_shared_memory("bls_gpu_in", cudashm.get_raw_handle(region), 0,
+                                               x.nbytes)  # fmt: skip
+            tensor = grpcclient.InferInput("INPUT0", [x.size], "FP32")
+            tensor.set_shared_memory("bls_gpu_in", x.nbytes)
+            result = client.infer("bls_gpu", [tensor], parameters={"mode": "in_place"})
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + 1)
+            mine = cudashm.get_contents_as_numpy(region, np.float32, [x.size])
+            np.testing.assert_array_equal(mine, x + 1)  # the client's own GPU memory
+        finally:
+            client.unregister_cuda_shared_memory("bls_gpu_in")
+            cudashm.destroy_shared_memory_region(region)

@@ -19,6 +19,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -44,6 +45,9 @@ class BlsMemory(Protocol):
         """Copy ``data`` once into shared memory another worker can map; None: too small
         (or no room), send it inline."""
 
+    def locate_gpu(self, ptr: int, nbytes: int) -> m.TensorRef | None:
+        """A CUDA_REGION ref when GPU memory lies in a client's CUDA region mapped here."""
+
     def peer_view(self, ref: m.TensorRef) -> memoryview:
         """A view of a PEER_ARENA ref's bytes (another worker's arena, mapped once)."""
 
@@ -68,7 +72,7 @@ def _encode_inputs(
     offset = 0
     for tensor in tensors:
         if tensor._gpu is not None:  # by CUDA IPC handle (GPU-BLS, see cuda_peers)
-            refs.append(_gpu_ref(tensor))
+            refs.append(_gpu_ref(tensor, memory))
             continue
         array = tensor.storage
         dtype = tensor.dtype
@@ -94,11 +98,16 @@ def _encode_inputs(
     return refs, payload
 
 
-def _gpu_ref(tensor: Tensor) -> m.TensorRef:
+def _gpu_ref(tensor: Tensor, memory: BlsMemory | None) -> m.TensorRef:
     """A GPU input travels as its allocation's IPC handle; the caller's request keeps the
-    memory alive until the reply (the callee opens each handle once)."""
+    memory alive until the reply (the callee opens each handle once). In a client's CUDA
+    region, it travels as that region's handle."""
     info = tensor._gpu
     assert info is not None
+    nbytes = tensor.dtype.itemsize * int(np.prod(info.shape, dtype=np.int64))
+    in_region = memory.locate_gpu(info.ptr, nbytes) if memory is not None else None
+    if in_region is not None:
+        return _named(in_region, tensor.name(), tensor.dtype.wire, list(info.shape))
     ipc = cuda_peers.ipc()
     found = ipc.find(info.ptr)  # received by handle itself: passed on by the same handle
     if found is not None:
@@ -106,15 +115,12 @@ def _gpu_ref(tensor: Tensor) -> m.TensorRef:
     else:
         handle, offset = ipc.export(info.ptr, info.device_id)
         device = info.device_id
-    nbytes = tensor.dtype.itemsize * int(np.prod(info.shape, dtype=np.int64))
     return m.TensorRef(tensor.name(), tensor.dtype.wire, list(info.shape), m.Where.CUDA_IPC,
                        offset, nbytes, handle=handle, device=device)  # fmt: skip
 
 
 def _named(ref: m.TensorRef, name: str, datatype: str, shape: list[int]) -> m.TensorRef:
-    return m.TensorRef(
-        name, datatype, shape, ref.where, ref.offset, ref.nbytes, ref.region, ref.key
-    )
+    return msgspec.structs.replace(ref, name=name, datatype=datatype, shape=shape)
 
 
 def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.BlsCall:

@@ -1,11 +1,12 @@
 """GPU tensors between models (BLS) by CUDA IPC handle: the interface, and a small
 implementation on cuda-python.
 
-FOR THE LEAD (GPU-BLS): this is written against :class:`CudaIpc`, the four calls BLS
-needs. The lead's ``tensors/cuda_ipc.py`` (worker-side IPC mappings for CUDA shared
-memory) should provide them; then :func:`ipc` returns that implementation and
-:class:`_DriverIpc` below can go. Untested here (no GPU): the ``gpu`` tests in
-``tests/e2e/test_bls_gpu.py`` exercise it.
+GPU-BLS: written against :class:`CudaIpc`, the four calls BLS needs, implemented on
+``tensors/cuda_ipc.py``. Not run on a GPU when written: the ``gpu`` tests in
+``tests/e2e/test_bls_gpu.py`` exercise it. A tensor in a client's CUDA region that is
+passed on is exported again from the worker's mapping, which CUDA refuses for IPC-opened
+memory: ``find`` should also look in the worker's CUDA region mappings (to pass on the
+client's handle and offset).
 
 A sender exports the allocation that holds a pointer (``cuMemGetAddressRange`` gives
 its base, ``cuIpcGetMemHandle`` its handle) and sends (handle, offset). A receiver
@@ -20,7 +21,7 @@ import threading
 from typing import Any, Protocol
 
 from dlserve.backend.errors import TritonModelException
-from dlserve.tensors import dlpack
+from dlserve.tensors import cuda_ipc, dlpack
 
 
 class CudaIpc(Protocol):
@@ -47,7 +48,7 @@ def ipc() -> CudaIpc:
     global _ipc
     with _lock:
         if _ipc is None:
-            _ipc = _DriverIpc()
+            _ipc = _Ipc()
         return _ipc
 
 
@@ -55,37 +56,26 @@ def gpu_info(ptr: int, shape: list[int], dtype: Any, device: int) -> dlpack.DLTe
     return dlpack.DLTensorInfo(ptr, tuple(shape), None, dtype, dlpack.CUDA, device, False)
 
 
-class _DriverIpc:
-    """CudaIpc on cuda-python (``cuda.bindings``)."""
+class _Ipc:
+    """CudaIpc on ``tensors.cuda_ipc`` (cuda-python)."""
 
     def __init__(self) -> None:
-        try:
-            from cuda.bindings import driver, runtime
-        except ImportError:
+        if not cuda_ipc.available():
             raise TritonModelException(
-                "GPU tensors between models need cuda-python (pip install 'dlserve[gpu]')"
-            ) from None
-        self._driver: Any = driver
-        self._runtime: Any = runtime
+                "GPU tensors between models need CUDA and cuda-python (pip install 'dlserve[gpu]')"
+            )
         self._opened: dict[bytes, tuple[int, int, int]] = {}  # handle -> (base, size, device)
         self._exported: dict[bytes, int] = {}  # handle -> base, of this process's allocations
         self._lock = threading.Lock()
 
-    def _check(self, result: Any, what: str) -> Any:
-        err, *values = result if isinstance(result, tuple) else (result,)
-        if int(err) != 0:
-            raise TritonModelException(f"{what} failed: {err}")
-        return values[0] if len(values) == 1 else values
-
     def export(self, ptr: int, device: int) -> tuple[bytes, int]:
-        rt, drv = self._runtime, self._driver
-        self._check(rt.cudaSetDevice(device), "cudaSetDevice")
-        self._check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
-        base, _size = self._check(drv.cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
-        handle = bytes(self._check(drv.cuIpcGetMemHandle(base), "cuIpcGetMemHandle").reserved)
+        try:
+            handle, offset, allocation = cuda_ipc.export_handle(ptr)
+        except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
+            raise TritonModelException(f"passing a GPU tensor to another model: {exc}") from None
         with self._lock:
-            self._exported[handle] = int(base)
-        return handle, ptr - int(base)
+            self._exported[handle] = allocation.base
+        return handle, offset
 
     def open(self, handle: bytes, device: int) -> int:
         with self._lock:
@@ -94,14 +84,12 @@ class _DriverIpc:
                 return found[0]
             if handle in self._exported:  # our own memory, back from a callee or caller
                 return self._exported[handle]
-            rt, drv = self._runtime, self._driver
-            self._check(rt.cudaSetDevice(device), "cudaSetDevice")
-            native = drv.CUipcMemHandle()
-            native.reserved = handle
-            flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-            base = int(self._check(drv.cuIpcOpenMemHandle(native, flags), "cuIpcOpenMemHandle"))
-            _, size = self._check(drv.cuMemGetAddressRange(base), "cuMemGetAddressRange")
-            self._opened[handle] = (base, int(size), device)
+            try:
+                base = cuda_ipc.open_handle(handle, device)
+                size = cuda_ipc.allocation_of(base).size
+            except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable, ValueError) as exc:
+                raise TritonModelException(f"opening another model's GPU tensor: {exc}") from None
+            self._opened[handle] = (base, size, device)
             return base
 
     def find(self, ptr: int) -> tuple[bytes, int, int] | None:
@@ -113,6 +101,9 @@ class _DriverIpc:
 
     def close_all(self) -> None:
         with self._lock:
-            for base, _, _ in self._opened.values():
-                self._driver.cuIpcCloseMemHandle(base)
+            for base, _, device in self._opened.values():
+                try:
+                    cuda_ipc.close_handle(base, device)
+                except cuda_ipc.CudaError:
+                    pass
             self._opened.clear()

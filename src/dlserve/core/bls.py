@@ -118,7 +118,7 @@ class BlsRouter:
         from dlserve.core.service import Call  # service.py imports this module
 
         inputs: list[InputTensor] = []
-        spans: dict[str, tuple[int, str, int, int]] = {}
+        spans: dict[str, tuple[int, int, int]] = {}
         arenas: dict[str, ArenaSpan | CudaSpan] = {}
         for ref in msg.inputs:
             shape = tuple(ref.shape)
@@ -129,8 +129,8 @@ class BlsRouter:
             # by reference: the callee maps the caller's memory (sized for validation)
             region = RegionRef("", ref.nbytes, ref.offset)
             inputs.append(InputTensor(ref.name, ref.datatype, shape, None, {}, region))
-            if ref.where == m.Where.CLIENT_REGION:
-                spans[ref.name] = (ref.region, ref.key, ref.offset, ref.nbytes)
+            if ref.where in (m.Where.CLIENT_REGION, m.Where.CUDA_REGION):  # a client's region
+                spans[ref.name] = (ref.region, ref.offset, ref.nbytes)
             elif ref.where in (m.Where.INPUT_ARENA, m.Where.OUTPUT_ARENA):
                 arenas[ref.name] = caller.arena_span(ref.where, ref.offset, ref.nbytes)
             elif ref.where == m.Where.PEER_ARENA:  # a callee's output the caller passes on

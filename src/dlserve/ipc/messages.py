@@ -22,8 +22,9 @@ class Where(enum.IntEnum):
     OUTPUT_ARENA = 2  # the worker-owned output arena
     NOWHERE = 3  # no data (output written into a client region elsewhere)
     CLIENT_REGION = 4  # a client's shared-memory object (key), at offset from its start
-    PEER_ARENA = 5  # another worker's arena (BLS): region = arena id, key = path to open it
-    CUDA_IPC = 6  # GPU memory of another worker (BLS): handle, device, offset in the allocation
+    CUDA_REGION = 5  # a client's GPU allocation (handle, device), at offset from its start
+    PEER_ARENA = 6  # another worker's arena (BLS): region = arena id, key = path to open it
+    CUDA_IPC = 7  # GPU memory of another worker (BLS): handle, device, offset in the allocation
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -35,8 +36,8 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int
     region: int = 0  # CLIENT_REGION: the region's id (workers map each region once, by id)
     key: str = ""  # CLIENT_REGION: the shared-memory object's name
-    handle: bytes = b""  # CUDA_IPC: the allocation's IPC handle
-    device: int = 0  # CUDA_IPC: its device
+    handle: bytes = b""  # CUDA_REGION / CUDA_IPC: the allocation's cudaIpcMemHandle_t
+    device: int = 0  # CUDA_REGION / CUDA_IPC: the GPU the allocation is on
     lend: int = 0  # CUDA_IPC output lent to a BLS caller: its id in the owner (region: owner)
 
 

@@ -11,6 +11,7 @@ import bisect
 import mmap
 import os
 import stat
+import threading
 from typing import Final
 
 SHM_DIR: Final = "/dev/shm"
@@ -129,8 +130,9 @@ def object_size(fd: int) -> int:
 class Arena:
     """First-fit allocator over one segment: offsets in, offsets out.
 
-    Not thread-safe; each arena has one allocating side (the server allocates
-    input space, the worker output space) and frees arrive on that side too.
+    Each arena has one allocating side (the server allocates input space, the worker
+    output space) and frees arrive on that side too. A lock makes it safe for the
+    threads of a worker (a decoupled model sends responses from its own threads).
     """
 
     def __init__(self, segment: ShmSegment) -> None:
@@ -138,8 +140,17 @@ class Arena:
         self._free_offsets: list[int] = [0]
         self._free_sizes: dict[int, int] = {0: segment.size}
         self._used: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     def alloc(self, nbytes: int) -> int | None:
+        with self._lock:
+            return self._alloc(nbytes)
+
+    def free(self, offset: int) -> None:
+        with self._lock:
+            self._free(offset)
+
+    def _alloc(self, nbytes: int) -> int | None:
         size = max(ALIGN, (nbytes + ALIGN - 1) & ~(ALIGN - 1))
         for index, offset in enumerate(self._free_offsets):
             free = self._free_sizes[offset]
@@ -152,7 +163,7 @@ class Arena:
                 return offset
         return None
 
-    def free(self, offset: int) -> None:
+    def _free(self, offset: int) -> None:
         size = self._used.pop(offset)
         index = bisect.bisect_left(self._free_offsets, offset)
         # merge with the following block

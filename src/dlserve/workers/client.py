@@ -74,8 +74,8 @@ _NO_SPANS: Final[Mapping[str, Span]] = {}
 def _region_ref(
     name: str, datatype: str, span: Span, shape: list[int] | None = None
 ) -> m.TensorRef:
-    """A tensor in (or an output going to) a client region, or in another worker's arena
-    (a BLS caller's); ``nbytes`` is the span's size."""
+    """A tensor in (or an output going to) a client region (system or CUDA), or in another
+    worker's memory (a BLS caller's); ``nbytes`` is the span's size."""
     if isinstance(span, CudaSpan):
         return m.TensorRef(
             name, datatype, shape or [], m.Where.CUDA_IPC, span.offset, span.byte_size,
@@ -85,6 +85,11 @@ def _region_ref(
         return m.TensorRef(
             name, datatype, shape or [], m.Where.PEER_ARENA, span.offset, span.byte_size,
             span.arena_id, span.path,
+        )  # fmt: skip
+    if span.is_cuda:
+        return m.TensorRef(
+            name, datatype, shape or [], m.Where.CUDA_REGION, span.offset, span.byte_size,
+            span.region_id, handle=span.handle, device=span.device,
         )  # fmt: skip
     return m.TensorRef(
         name, datatype, shape or [], m.Where.CLIENT_REGION, span.offset, span.byte_size,

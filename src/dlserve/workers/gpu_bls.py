@@ -14,6 +14,7 @@ from dlserve import backend as pb_utils
 from dlserve.backend import cuda_peers
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
+from dlserve.workers.regions import ClientRegions
 
 
 def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
@@ -32,16 +33,20 @@ class GpuLender:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def lend(self, tensor: pb_utils.Tensor) -> m.TensorRef:
+    def lend(self, tensor: pb_utils.Tensor, regions: ClientRegions) -> m.TensorRef | None:
+        """A CUDA_IPC ref for a GPU output; None when it lies in a client's CUDA region (IPC
+        memory cannot be exported again: it goes the usual way, one copy)."""
         info = tensor._gpu
         assert info is not None
+        nbytes = tensor.dtype.itemsize * _count(info.shape)
+        if regions.locate_cuda(info.ptr, nbytes) is not None:
+            return None
         found = cuda_peers.ipc().find(info.ptr)  # itself received by handle: pass it on
         if found is not None:
             handle, device, offset = found
         else:
             handle, offset = cuda_peers.ipc().export(info.ptr, info.device_id)
             device = info.device_id
-        nbytes = tensor.dtype.itemsize * _count(info.shape)
         with self._lock:
             lend_id = next(self._ids)
             self._lent[lend_id] = tensor

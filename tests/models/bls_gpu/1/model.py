@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 def call(op, tensor):
     request = pb_utils.InferenceRequest(
-        model_name="gpu_ops",
+        model_name="bls_gpu_ops",
         inputs=[tensor],
         requested_output_names=["OUTPUT0"],
         parameters={"op": op},

@@ -1,0 +1,27 @@
+"""bls_gpu_ops: torch on the GPU; see config.pbtxt. torch is imported in execute only, so the
+model loads where torch or a GPU is missing (the tests that use it need both)."""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        import torch
+
+        responses = []
+        for request in requests:
+            op = json.loads(request.parameters()).get("op", "double")
+            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            x = torch.from_dlpack(tensor)
+            if not x.is_cuda:
+                x = x.cuda()
+            if op == "add_one_in_place":
+                x += 1
+                result = x
+            else:
+                result = x * 2 if op == "double" else x + 1
+            output = pb_utils.Tensor.from_dlpack("OUTPUT0", result)
+            responses.append(pb_utils.InferenceResponse([output]))
+        return responses
