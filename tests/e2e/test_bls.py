@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,3 +182,63 @@ def test_zero_copy_of_the_caller_s_own_input(client: grpcclient.InferenceServerC
         result = pipeline(client, "in_place", x)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + 1)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x + 1)
+
+
+def _read_line(path: Path) -> str:
+    """The first line a model writes into FIFO ``path``, waited for with a deadline."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        readable, _, _ = select.select([fd], [], [], DEADLINE_S)
+        assert readable, f"nothing written to {path}"
+        return os.read(fd, 64).decode()
+    finally:
+        os.close(fd)
+
+
+def _gated_inputs(started: Path, go: Path) -> list[grpcclient.InferInput]:
+    control = grpcclient.InferInput("CONTROL", [2], "BYTES")
+    control.set_data_from_numpy(np.array([str(started).encode(), str(go).encode()], dtype=object))
+    return [control, fp32("DATA", np.ones(2))]
+
+
+def _failures(client: grpcclient.InferenceServerClient, model: str) -> int:
+    stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    return int(stats["inference_stats"].get("fail", {}).get("count", 0))
+
+
+def test_a_cancelled_request_that_waits_is_not_run(
+    client: grpcclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    """gated holds request 1; request 2 waits behind it, sent on a stream that its client
+    then cancels; once request 1 goes, request 2 is skipped (it would block on its FIFO if
+    it ran) and request 3 runs."""
+    fifos = [tmp_path / f"{what}{i}" for i in (1, 2, 3) for what in ("started", "go")]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    s1, g1, s2, g2, s3, g3 = fifos
+    done: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.async_infer("gated", _gated_inputs(s1, g1),
+                       lambda result, error: done.put((result, error)))  # fmt: skip
+    assert _read_line(s1) == "started\n"  # request 1 holds the instance
+    failures = _failures(client, "gated")
+    streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: streamed.put((result, error)))
+    client.async_stream_infer("gated", _gated_inputs(s2, g2), request_id="waits")
+    client.async_stream_infer("double", [fp32("INPUT0", np.ones(1))], request_id="after")
+    result, error = streamed.get(timeout=DEADLINE_S)  # "after" is back: "waits" was read
+    assert error is None and result.get_response().id == "after"
+    client.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + DEADLINE_S  # no event says the server saw it: ask
+    while _failures(client, "gated") == failures:
+        assert time.monotonic() < deadline, "the server never saw the cancellation"
+        time.sleep(0.01)
+    with open(g1, "w") as fifo:
+        fifo.write("go\n")
+    third = threading.Thread(target=lambda: done.put(client.infer("gated", _gated_inputs(s3, g3))))
+    third.start()
+    assert _read_line(s3) == "started\n"  # request 2 was skipped: request 3 runs
+    with open(g3, "w") as fifo:
+        fifo.write("go\n")
+    third.join(DEADLINE_S)
+    first = done.get(timeout=DEADLINE_S)
+    assert first[1] is None  # request 1 answered

@@ -225,6 +225,9 @@ class InferenceService:
             reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
             loaded.stats.record_failure(time.monotonic_ns() - received, reason)
             raise
+        except asyncio.CancelledError:  # the client went away
+            loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
+            raise
         record_success(loaded, batch, received, reply.timings)
         return self._response(loaded, request, reply)
 

@@ -86,6 +86,8 @@ class ModelRunner:
         self.gpu_lender = gpu_bls.GpuLender()
         self._input_base = _address_of(self.input_arena)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
+        self._started = 0  # the newest rid started (rids grow)
+        self._cancelled_early: set[int] = set()  # cancelled before they started
 
     # -- loading ------------------------------------------------------------------------
     @property
@@ -93,10 +95,24 @@ class ModelRunner:
         return pb_utils.using_decoupled_model_transaction_policy(self.config)
 
     def cancel(self, rid: int) -> None:
-        """The server says request ``rid``'s client has gone: ``is_cancelled()`` turns true."""
+        """The server says request ``rid``'s client has gone: ``is_cancelled()`` turns true,
+        and a request not started yet is not run at all."""
         request = self._live.get(rid)
         if request is not None:
             request._cancelled = True
+        elif rid > self._started:
+            self._cancelled_early.add(rid)
+
+    def _cancelled_before_start(self, msg: m.Infer, worker: link.WorkerLink | None) -> bool:
+        """Whether the request was cancelled while it waited (Cancels that arrived behind
+        it are read first)."""
+        if worker is not None:
+            worker.poll()
+        self._started = max(self._started, msg.rid)
+        if msg.rid in self._cancelled_early:
+            self._cancelled_early.discard(msg.rid)
+            return True
+        return False
 
     def update(self, load: m.Load) -> None:
         """A second Load on the same worker: the final config and this instance's identity."""
@@ -179,6 +195,13 @@ class ModelRunner:
         if msg.release:
             self.release(msg.release)
         worker = link.current()
+        if self._cancelled_before_start(msg, worker):
+            cancelled = TritonError("Request was cancelled", TritonError.CANCELLED)
+            if self.decoupled and worker is not None:
+                worker.send(m.StreamResponse(msg.rid, final=True, error=cancelled.message(),
+                                             error_code="cancelled"))  # fmt: skip
+                return None
+            return self._error_reply(msg.rid, cancelled), []
         if worker is not None:
             worker.chain = [*msg.chain, self.load.model_name]
         if self.decoupled:
