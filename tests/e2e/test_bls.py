@@ -242,3 +242,16 @@ def test_a_cancelled_request_that_waits_is_not_run(
     third.join(DEADLINE_S)
     first = done.get(timeout=DEADLINE_S)
     assert first[1] is None  # request 1 answered
+
+
+def test_model_control_from_a_model(test_server: RunningServer) -> None:
+    """pb_utils.unload_model / load_model / is_model_ready (explicit model control)."""
+    with grpcclient.InferenceServerClient(test_server.grpc_url) as explicit:
+        result = pipeline(explicit, "reload", np.ones(2))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [1, 0, 1])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [2, 2])
+
+
+def test_model_control_needs_explicit_mode(client: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="explicit model load / unload"):
+        pipeline(client, "reload", np.ones(2))

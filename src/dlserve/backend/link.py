@@ -155,11 +155,14 @@ class WorkerLink:
                 with self._cond:
                     self._dispatch(frame)
 
-    def poll(self) -> None:
-        """Dispatch the frames already arrived, without waiting (``is_cancelled()``)."""
+    def poll(self, *, buffered_only: bool = False) -> None:
+        """Dispatch the frames already arrived, without waiting (``is_cancelled()``).
+        ``buffered_only``: only those already read ahead (no system call)."""
         while True:
             with self._cond:
                 if self._reading or self._closed:
+                    return
+                if buffered_only and not self._channel.buffered():
                     return
                 self._reading = True
             frame = self._read(0.0)

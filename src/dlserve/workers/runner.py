@@ -104,10 +104,10 @@ class ModelRunner:
             self._cancelled_early.add(rid)
 
     def _cancelled_before_start(self, msg: m.Infer, worker: link.WorkerLink | None) -> bool:
-        """Whether the request was cancelled while it waited (Cancels that arrived behind
-        it are read first)."""
+        """Whether the request was cancelled while it waited (Cancels already read ahead
+        behind it are dispatched first: no system call on the request path)."""
         if worker is not None:
-            worker.poll()
+            worker.poll(buffered_only=True)
         self._started = max(self._started, msg.rid)
         if msg.rid in self._cancelled_early:
             self._cancelled_early.discard(msg.rid)

@@ -10,6 +10,8 @@ error / missing    calls "raises" / a model that does not exist; answers with th
 timeout            gated(CONTROL, x) with a 0.2 s timeout; answers with the error
 itself / bounce    calls itself / bls_bounce, which calls bls_pipeline: a circular call
 ready              OUTPUT1 = [is_model_ready("double"), is_model_ready("no_such_model")]
+reload             unload_model / load_model("double"): OUTPUT1 = readiness before, between,
+                   after; OUTPUT0 = double(x) (explicit model control only)
 """
 
 import asyncio
@@ -115,6 +117,15 @@ class TritonPythonModel:
 
     async def bounce(self, request, x):
         return output(request_for("bls_bounce", [x]).exec()), []
+
+    async def reload(self, request, x):
+        """Needs --model-control-mode explicit: unload double, then load it again."""
+        states = [pb_utils.is_model_ready("double")]
+        pb_utils.unload_model("double")
+        states.append(pb_utils.is_model_ready("double"))
+        pb_utils.load_model("double")
+        states.append(pb_utils.is_model_ready("double"))
+        return output(request_for("double", [x]).exec()), states
 
     async def ready(self, request, x):
         found = [pb_utils.is_model_ready("double"), pb_utils.is_model_ready("no_such_model")]
