@@ -107,6 +107,7 @@ def _gpu_ref(tensor: Tensor, memory: BlsMemory | None) -> m.TensorRef:
     nbytes = tensor.dtype.itemsize * int(np.prod(info.shape, dtype=np.int64))
     in_region = memory.locate_gpu(info.ptr, nbytes) if memory is not None else None
     if in_region is not None:
+        cuda_peers.synchronize(info.device_id)
         return _named(in_region, tensor.name(), tensor.dtype.wire, list(info.shape))
     ipc = cuda_peers.ipc()
     found = ipc.find(info.ptr)  # received by handle itself: passed on by the same handle

@@ -34,7 +34,8 @@ class CudaIpc(Protocol):
 
     def find(self, ptr: int) -> tuple[bytes, int, int] | None:
         """(handle, device, offset) when ``ptr`` lies in an allocation opened here: a
-        tensor received by handle is passed on by the same handle."""
+        tensor received by handle is passed on by the same handle. Waits for the work
+        queued on the device, as ``export`` does."""
 
     def close_all(self) -> None: ...
 
@@ -50,6 +51,14 @@ def ipc() -> CudaIpc:
         if _ipc is None:
             _ipc = _Ipc()
         return _ipc
+
+
+def synchronize(device: int) -> None:
+    """Wait for the work queued on ``device``: another process reads the memory next."""
+    try:
+        cuda_ipc.synchronize(device)
+    except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
+        raise TritonModelException(f"passing a GPU tensor to another model: {exc}") from None
 
 
 def gpu_info(ptr: int, shape: list[int], dtype: Any, device: int) -> dlpack.DLTensorInfo:
@@ -94,10 +103,16 @@ class _Ipc:
 
     def find(self, ptr: int) -> tuple[bytes, int, int] | None:
         with self._lock:
-            for handle, (base, size, device) in self._opened.items():
-                if base <= ptr < base + size:
-                    return handle, device, ptr - base
-        return None
+            found = next(
+                ((h, d, ptr - b) for h, (b, s, d) in self._opened.items() if b <= ptr < b + s),
+                None,
+            )
+        if found is not None:
+            try:
+                cuda_ipc.synchronize(found[1])
+            except cuda_ipc.CudaError as exc:
+                raise TritonModelException(f"passing a GPU tensor on: {exc}") from None
+        return found
 
     def close_all(self) -> None:
         with self._lock:

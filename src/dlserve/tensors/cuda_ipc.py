@@ -282,8 +282,15 @@ def export_handle(ptr: int) -> tuple[bytes, int, Allocation]:
     allocator's does; stream-ordered pool memory, as ``DeviceBuffer``'s, does not)."""
     allocation = allocation_of(ptr)
     runtime = _runtime()
+    synchronize(allocation.device)
     with on_device(allocation.device):
-        _check("cudaStreamSynchronize", runtime.cudaStreamSynchronize(LEGACY_STREAM))
         handle = _check("cudaIpcGetMemHandle", runtime.cudaIpcGetMemHandle(allocation.base))
     raw = ctypes.string_at(handle.getPtr(), HANDLE_SIZE)
     return raw, ptr - allocation.base, allocation
+
+
+def synchronize(device: int) -> None:
+    """Wait for the work queued on ``device``'s legacy stream (and so on every blocking
+    stream): memory handed to another process must be written before it reads."""
+    with on_device(device):
+        _check("cudaStreamSynchronize", _runtime().cudaStreamSynchronize(LEGACY_STREAM))
