@@ -148,7 +148,7 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     call = worker.next_call_id()
     msg = _call_message(request, call, decoupled)
     msg.inputs = refs
-    msg.chain = list(worker.chain)
+    msg.chain = [*worker.upstream, worker.model_name]  # this model is upstream of the callee
     worker.open_call(call)
     try:
         worker.send(msg, payload)

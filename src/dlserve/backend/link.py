@@ -54,7 +54,7 @@ class WorkerLink:
         self.on_release: Callable[[list[int], list[int]], None] | None = None
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
-        self.chain: list[str] = []  # BLS: the models upstream of the request being executed
+        self.upstream: list[str] = []  # BLS: the models upstream of the request executing
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:

@@ -86,13 +86,16 @@ class ModelRunner:
         self.gpu_lender = gpu_bls.GpuLender()
         self._input_base = _address_of(self.input_arena)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
+        self._decoupled: bool | None = None  # from the config, once known
         self._started = 0  # the newest rid started (rids grow)
         self._cancelled_early: set[int] = set()  # cancelled before they started
 
     # -- loading ------------------------------------------------------------------------
     @property
     def decoupled(self) -> bool:
-        return pb_utils.using_decoupled_model_transaction_policy(self.config)
+        if self._decoupled is None:
+            self._decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
+        return self._decoupled
 
     def cancel(self, rid: int) -> None:
         """The server says request ``rid``'s client has gone: ``is_cancelled()`` turns true,
@@ -118,6 +121,7 @@ class ModelRunner:
         """A second Load on the same worker: the final config and this instance's identity."""
         self.load = load
         self.config = json.loads(load.config_json)
+        self._decoupled = None
 
     def start(self) -> None:
         """Import, auto-complete and initialize; raises LoadError with the reason."""
@@ -203,7 +207,7 @@ class ModelRunner:
                 return None
             return self._error_reply(msg.rid, cancelled), []
         if worker is not None:
-            worker.chain = [*msg.chain, self.load.model_name]
+            worker.upstream = msg.chain
         if self.decoupled:
             assert worker is not None, "a decoupled model needs the worker's link"
             decoupled_request(self, worker, msg, payload, timings_start)
