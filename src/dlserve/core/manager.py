@@ -27,6 +27,7 @@ from dlserve.core.stats import ModelStats
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
+from dlserve.workers import client as worker_client
 from dlserve.workers.client import WorkerBase
 from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
 
@@ -36,6 +37,7 @@ log = logging.getLogger("dlserve.models")
 @dataclass(slots=True)
 class ManagerOptions:
     in_process: bool = False
+    busy_poll_us: int = 0  # workers poll for requests this long before sleeping
     load_timeout: float = 300.0
     stop_timeout: float = 30.0
 
@@ -94,6 +96,7 @@ class ModelManager:
     ) -> None:
         self.repository = repository
         self.options = options
+        worker_client.set_busy_poll(options.busy_poll_us)
         self.custom = custom
         self.models: dict[str, ModelEntry] = {}
 

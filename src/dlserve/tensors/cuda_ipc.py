@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from dataclasses import dataclass
 from typing import Any, Final
 
 HANDLE_SIZE: Final = 64  # sizeof(cudaIpcMemHandle_t)
@@ -169,25 +168,21 @@ def close_handle(ptr: int, device: int) -> None:
         _check("cudaIpcCloseMemHandle", _runtime().cudaIpcCloseMemHandle(ptr))
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    size: int
-    device: int  # the device the memory lives on
+def allocation_size(raw: bytes, device: int) -> int:
+    """The size of the allocation a handle names: opened in ``device``'s context, asked,
+    closed again.
 
-
-def inspect_handle(raw: bytes, device: int) -> Allocation:
-    """The size and device of the allocation a handle names: opened in ``device``'s
-    context, asked, closed again."""
-    driver = _driver()
-    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    Which GPU the memory is on cannot be asked: for an IPC mapping CUDA reports the device
+    that opened it (cudaPointerGetAttributes) or 0 (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL),
+    measured on an H200 pair. The registration's device_id is trusted, as Triton does.
+    """
     with on_device(device):
         ptr = open_handle(raw, device)
         try:
-            _, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
-            owner = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
+            _, size = _check("cuMemGetAddressRange", _driver().cuMemGetAddressRange(ptr))
         finally:
             close_handle(ptr, device)
-    return Allocation(int(size), int(owner))
+    return int(size)
 
 
 # --- copies and memory ------------------------------------------------------------------
