@@ -50,8 +50,8 @@ class WorkItem:
     inputs: list[InputTensor]
     outputs: list[str]  # requested output names; empty: all the model produces
     parameters: dict[str, m.ParamValue]
-    input_spans: Mapping[str, RegionSpan] = NO_SPANS
-    output_spans: Mapping[str, RegionSpan] = NO_SPANS
+    input_spans: Mapping[str, RegionSpan] = field(default_factory=dict)
+    output_spans: Mapping[str, RegionSpan] = field(default_factory=dict)
 
 
 # What becomes of one request sent to a worker: its reply frame, or the worker's death.
