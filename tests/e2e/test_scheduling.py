@@ -170,6 +170,20 @@ def test_requests_that_wait_together_run_in_one_execute(
     assert _delta(after[2], batches) == {1: 1, 7: 1}  # Triton's batch_stats, per batch size
 
 
+def test_an_error_response_fails_its_request_alone(
+    client: Any, server: RunningServer, tmp_path: Path
+) -> None:
+    gate = Gate(client, "batched", tmp_path)
+    good = Pending(client, "batched", 1.0)
+    bad = Pending(client, "batched", 2.0, parameters={"fail": True})
+    wait_pending(server, "batched", 2)
+    gate.release()
+    assert good.result()["BATCH"] == 2
+    error = bad.error()
+    assert error.status() == "StatusCode.INTERNAL"
+    assert error.message() == "request 1 failed on purpose"
+
+
 def test_a_preferred_batch_size_goes_at_once(
     client: Any, server: RunningServer, tmp_path: Path
 ) -> None:

@@ -1,6 +1,7 @@
 """Reports how it was executed: OUTPUT0 = INPUT0 * 2, BATCH = how many requests the
 execute() call got, EXECUTION = which call it was (1, 2, ...), POSITION = the request's
-place in the call. A request whose parameters name FIFOs ("started", "go") holds the
+place in the call. A request with the parameter "fail" gets an error response of its
+own (the others in its call do not). A request whose parameters name FIFOs ("started", "go") holds the
 instance: execute writes a line to "started", then waits for a line on "go"."""
 
 import json
@@ -28,6 +29,10 @@ class TritonPythonModel:
             _hold(request)
         responses = []
         for position, request in enumerate(requests):
+            if "fail" in json.loads(request.parameters()):
+                error = pb_utils.TritonError(f"request {position} failed on purpose")
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             shape = data.shape
 
