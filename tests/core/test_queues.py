@@ -87,7 +87,7 @@ def test_levels_and_their_policies(loop: asyncio.AbstractEventLoop) -> None:
     queue = JobQueue(batching)
     low, high = job(loop, 1, level=2), job(loop, 1, level=1)
     queue.push(low)
-    with pytest.raises(errors.UnavailableError, match="^Exceeds maximum queue size$"):
+    with pytest.raises(errors.UnavailableError, match=r"^Exceeds maximum queue size$"):
         queue.push(job(loop, 1, level=2))
     queue.push(high)
     queue.push(job(loop, 1, level=1))  # level 1 holds 2

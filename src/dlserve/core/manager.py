@@ -66,6 +66,7 @@ class ModelVersion:
 
     async def stop(self, timeout: float) -> None:
         if self.scheduler is not None:
+            await self.scheduler.drain(timeout)
             self.scheduler.stop()
         if self.pool is not None:
             await self.pool.stop(timeout)

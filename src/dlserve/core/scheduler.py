@@ -56,6 +56,7 @@ class Scheduler:
         self._busy: set[WorkerBase] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
+        self._idle: asyncio.Future[None] | None = None  # drain() waits on it
         pool.on_restart = self.dispatch
 
     def job(
@@ -125,6 +126,8 @@ class Scheduler:
         self.stats.pending = len(self.queue)
         if len(self.queue):
             self._wake_up(now, wait)
+        elif not self._busy and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     def _free_worker(self) -> WorkerBase | None:
         for worker in self.pool.workers:
@@ -195,6 +198,17 @@ class Scheduler:
             t.infer_end - t.infer_start,
             t.output_end - t.infer_end,
         )
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until nothing is queued or executing: a version being
+        unloaded takes no new requests, and finishes the ones it has."""
+        deadline = time.monotonic() + timeout
+        while (len(self.queue) or self._busy) and time.monotonic() < deadline:
+            self._idle = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._idle, deadline - time.monotonic())
+            except TimeoutError:
+                break
 
     def stop(self) -> None:
         """The version goes away: what still waits fails."""

@@ -1,8 +1,9 @@
 """Reports how it was executed: OUTPUT0 = INPUT0 * 2, BATCH = how many requests the
 execute() call got, EXECUTION = which call it was (1, 2, ...), POSITION = the request's
 place in the call. A request with the parameter "fail" gets an error response of its
-own (the others in its call do not). A request whose parameters name FIFOs ("started", "go") holds the
-instance: execute writes a line to "started", then waits for a line on "go"."""
+own (the others in its call do not). A request whose parameters name FIFOs ("started",
+"go") holds the instance: execute writes a line to "started", then waits for a line on
+"go"."""
 
 import json
 
