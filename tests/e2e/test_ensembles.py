@@ -5,12 +5,14 @@
   workers' arenas), and a subset of them when asked;
 - its metadata, config and statistics are its own; each step counts in add_sub's;
 - it is READY only while its steps are: unloading add_sub makes it UNAVAILABLE;
+- inputs from and outputs into system shared memory work through the steps;
 - an ensemble whose step is missing, or failed to load, is UNAVAILABLE with the reason.
 """
 
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, RunningServer, run_server
@@ -199,3 +202,33 @@ def test_the_ensemble_is_ready_only_while_its_steps_are(explicit_server: Running
     assert client.api.is_model_ready(ENSEMBLE)
     np.testing.assert_array_equal(client.infer(ENSEMBLE, a, b).as_numpy("OUTPUT0"), 2 * a)
     client.api.close()
+
+
+def test_shared_memory_inputs_and_outputs(example_server: RunningServer) -> None:
+    """Inputs read from a client's region by the first step; OUTPUT1 written into a
+    region by the step that produces it; OUTPUT0 in the response."""
+    size = 1000
+    a = RNG.standard_normal(size).astype(np.float32)
+    b = RNG.standard_normal(size).astype(np.float32)
+    key = f"/ensemble_test_{uuid.uuid4().hex}"
+    handle = shm.create_shared_memory_region("ens", key, 3 * a.nbytes)
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    try:
+        shm.set_shared_memory_region(handle, [a, b])
+        client.register_system_shared_memory("ens", key, 3 * a.nbytes)
+        inputs = []
+        for index, name in enumerate(("INPUT0", "INPUT1")):
+            tensor = grpcclient.InferInput(name, [size], "FP32")
+            tensor.set_shared_memory("ens", a.nbytes, offset=index * a.nbytes)
+            inputs.append(tensor)
+        into_region = grpcclient.InferRequestedOutput("OUTPUT1")
+        into_region.set_shared_memory("ens", a.nbytes, offset=2 * a.nbytes)
+        outputs = [grpcclient.InferRequestedOutput("OUTPUT0"), into_region]
+        result = client.infer(ENSEMBLE, inputs, outputs=outputs)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), 2 * a, rtol=1e-5, atol=1e-5)
+        written = shm.get_contents_as_numpy(handle, np.float32, [size], offset=2 * a.nbytes)
+        np.testing.assert_allclose(written, 2 * b, rtol=1e-5, atol=1e-5)
+    finally:
+        client.unregister_system_shared_memory("ens")
+        client.close()
+        shm.destroy_shared_memory_region(handle)
