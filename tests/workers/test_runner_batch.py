@@ -23,7 +23,7 @@ from dlserve.ipc import messages as m
 from dlserve.tensors.shm import ShmSegment
 from dlserve.workers.runner import ModelRunner
 
-MODEL = '''
+MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -40,7 +40,7 @@ class TritonPythonModel:
             ])
             for i, r in enumerate(requests[:count])
         ]
-'''
+"""
 
 
 @pytest.fixture
