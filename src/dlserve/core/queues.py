@@ -124,6 +124,11 @@ class Job:
     lease: RegionLease | None = None
     keep: bool = False  # keep arena outputs in place (an ensemble step's, read by the next)
 
+    @property
+    def device(self) -> int | None:
+        """The GPU of the request's CUDA input, if it has one."""
+        return self.lease.device if self.lease is not None else None
+
 
 @dataclass(slots=True)
 class _Level:
@@ -192,6 +197,9 @@ class JobQueue:
         """The closest timeout among queued jobs that can still time out (0: none)."""
         deadlines = [j.deadline_ns for lv in self._levels.values() for j in lv.queue]
         return min((d for d in deadlines if d), default=0)
+
+    def head(self) -> Job | None:
+        return next(self.ordered(), None)
 
     def ordered(self) -> Iterator[Job]:
         for level in self._levels.values():

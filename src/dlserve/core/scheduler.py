@@ -57,6 +57,7 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._idle: asyncio.Future[None] | None = None  # drain() waits on it
+        self._warned_cross_device = False
         pool.on_restart = self.dispatch
 
     def job(
@@ -109,8 +110,8 @@ class Scheduler:
         for job in self.queue.expire(now):
             _fail(job, errors.UnavailableError(TIMEOUT_EXPIRED))
         wait = 0
-        while len(self.queue):
-            worker = self._free_worker()
+        while (head := self.queue.head()) is not None:
+            worker = self._free_worker(head.device)
             if worker is None:
                 if not self.pool.live():  # every instance is down: nothing would run these
                     failure = errors.UnavailableError(
@@ -129,11 +130,48 @@ class Scheduler:
         elif not self._busy and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
-    def _free_worker(self) -> WorkerBase | None:
+    def _free_worker(self, device: int | None) -> WorkerBase | None:
+        """A free instance for a batch whose head request has its CUDA input on GPU
+        ``device``: one on that GPU when the model has any there (waiting for it if they
+        are busy), else any (the request crosses devices: said once, and counted)."""
+        if device is not None:
+            on_device = [
+                worker
+                for spec, worker in zip(self.pool.specs, self.pool.workers, strict=True)
+                if spec.kind == "GPU" and spec.device_id == device
+                and worker is not None and worker.alive
+            ]  # fmt: skip
+            if on_device:
+                return next((w for w in on_device if w not in self._busy), None)
         for worker in self.pool.workers:
             if worker is not None and worker.alive and worker not in self._busy:
                 return worker
         return None
+
+    def _gpu_of(self, worker: WorkerBase) -> int | None:
+        for spec, one in zip(self.pool.specs, self.pool.workers, strict=True):
+            if one is worker:
+                return spec.device_id if spec.kind == "GPU" else None
+        return None
+
+    def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
+        devices = [job.device for job in jobs if job.device is not None]
+        if not devices:
+            return
+        gpu = self._gpu_of(worker)
+        for device in devices:
+            if device != gpu:
+                self._crossed(device)
+
+    def _crossed(self, device: int) -> None:
+        self.stats.cross_device += 1
+        if not self._warned_cross_device:
+            self._warned_cross_device = True
+            log.warning(
+                "model '%s' has no instance on GPU %s, where a request's CUDA input is: it "
+                "is served across devices (counted in dlserve_cross_device_requests_total; "
+                "said once)", self.name, device,
+            )  # fmt: skip
 
     def _wake_up(self, now: int, wait: int) -> None:
         """Dispatch again after ``wait`` ns (a batch's queue delay) or at the next timeout."""
@@ -160,6 +198,7 @@ class Scheduler:
         for job in live:
             if job.lease is not None:
                 job.lease.bind(worker)
+        self._count_crossings(worker, live)
         callbacks = [functools.partial(self._on_reply, execution, job) for job in live]
         try:
             worker.submit([job.item for job in live], callbacks)

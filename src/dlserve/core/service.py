@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlserve import __version__, errors
+from dlserve.core import cuda_check
 from dlserve.core.config import config_to_dict
 from dlserve.core.ensemble import run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
@@ -277,16 +278,28 @@ class InferenceService:
             return outputs, _nothing
         return outputs, functools.partial(worker.release_outputs, held)
 
-    # -- system shared memory -----------------------------------------------------------
-    def shm_status(self, name: str = "") -> list[RegionStatus]:
-        return self.regions.status(name)
+    # -- system and CUDA shared memory --------------------------------------------------
+    def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
+        return self.regions.status(name, cuda)
 
     def register_shm(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
         self.regions.register(name, key, offset, byte_size, peer)
 
-    def unregister_shm(self, name: str, peer: Peer) -> None:
-        """Unregister ``name``, or every region when it is ""."""
-        self.regions.unregister(name, peer)
+    async def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, peer: Peer
+    ) -> None:
+        """Register a CUDA region once its handle is checked (off the event loop: the
+        first open creates the server's CUDA context)."""
+        self.regions.check_new(name, peer, "cuda shared memory")
+        cuda_check.check_handle_bytes(raw_handle)
+        await asyncio.to_thread(
+            cuda_check.check_registration, name, raw_handle, device_id, byte_size
+        )
+        self.regions.add_cuda(name, raw_handle, device_id, byte_size)
+
+    def unregister_shm(self, name: str, peer: Peer, cuda: bool = False) -> None:
+        """Unregister ``name``, or every region of the kind when it is ""."""
+        self.regions.unregister(name, peer, cuda)
 
     # -- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:

@@ -9,6 +9,7 @@ the client region the request names for them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import json
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -30,12 +30,11 @@ from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
+from dlserve.workers import gpu_io
+from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.regions import ClientRegions
 
 Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
-
-# Outputs up to this size travel in the reply frame; larger ones through the arena.
-INLINE_OUTPUT_LIMIT = 64 * 1024
 
 
 class LoadError(Exception):
@@ -79,6 +78,9 @@ class ModelRunner:
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
         self.regions = ClientRegions()
+        self.gpu = gpu_io.GpuIO(gpu_io.Placement.AS_ARRIVED, 0, self.regions, self.output_arena)
+        self.device_uuid = ""
+        self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu)
 
     # -- loading ------------------------------------------------------------------------
     def update(self, load: m.Load) -> None:
@@ -96,6 +98,7 @@ class ModelRunner:
             if load.autocomplete and hasattr(self.model_class, "auto_complete_config"):
                 self.config = self._auto_complete(self.model_class)
             if load.initialize:
+                self._bind_device()
                 self.model = self.model_class()
                 if hasattr(self.model, "initialize"):
                     self._call(self.model.initialize, self.initialize_args())
@@ -103,6 +106,22 @@ class ModelRunner:
             raise
         except BaseException as exc:
             raise LoadError(describe_exception(exc, load.model_path)) from exc
+
+    def _bind_device(self) -> None:
+        """Input placement from the config; a GPU instance's device made current."""
+        load = self.load
+        try:
+            placement = gpu_io.placement_of(self.config, load.instance_kind)
+        except ValueError as exc:
+            raise LoadError(str(exc)) from None
+        self.gpu = gpu_io.GpuIO(placement, load.device_id, self.regions, self.output_arena)
+        self.outputs.gpu = self.gpu
+        pb_utils.gpu.model_name = load.model_name
+        if load.instance_kind == "GPU":
+            try:
+                self.device_uuid = gpu_io.bind_device(load.device_id)
+            except ValueError as exc:
+                raise LoadError(str(exc)) from None
 
     def _auto_complete(self, model_class: Any) -> dict[str, Any]:
         from dlserve.backend.config import ModelConfig
@@ -121,6 +140,7 @@ class ModelRunner:
             "model_instance_kind": load.instance_kind,
             "model_instance_name": load.instance_name,
             "model_instance_device_id": str(load.device_id),
+            "model_instance_device_uuid": self.device_uuid,
             "model_repository": load.model_path,
             "model_version": str(load.model_version),
             "model_name": load.model_name,
@@ -152,38 +172,37 @@ class ModelRunner:
         replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
         requests: list[pb_utils.InferenceRequest] = []
         running: list[int] = []
-        for index, item in enumerate(items):
-            try:
-                requests.append(self._request(item, payload))
-                running.append(index)
-            except BaseException as exc:  # this request alone fails
-                replies[index] = self._error_reply(item.rid, exc), []
-        if requests:
-            infer_start = time.monotonic_ns()
-            try:
-                responses = self._call(self.model.execute, requests)
-                infer_end = time.monotonic_ns()
-                checked = self._responses(responses, len(requests))
-            except BaseException as exc:  # the model's failure is every request's failure
-                for index in running:
-                    replies[index] = self._error_reply(items[index].rid, exc), []
-            else:
-                self._replies(items, running, checked, replies)
-                timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
-                for index in running:
-                    done = replies[index]
-                    if done is not None and not done[0].error_code:
-                        done[0].timings = timings
+        try:
+            for index, item in enumerate(items):
+                try:
+                    requests.append(self._request(item, payload))
+                    running.append(index)
+                except BaseException as exc:  # this request alone fails
+                    replies[index] = self._error_reply(item.rid, exc), []
+            if requests:
+                self._execute(items, running, requests, replies, timings_start)
+        finally:
+            self.outputs.drop_buffers()
         return [r for r in replies if r is not None]
 
-    def _replies(
+    def _execute(
         self,
         items: Sequence[Item],
         running: list[int],
-        responses: list[pb_utils.InferenceResponse],
+        requests: list[pb_utils.InferenceRequest],
         replies: list[tuple[m.InferDone, list[memoryview]] | None],
+        timings_start: int,
     ) -> None:
-        for index, response in zip(running, responses, strict=True):
+        infer_start = time.monotonic_ns()
+        try:
+            responses = self._call(self.model.execute, requests)
+            infer_end = time.monotonic_ns()
+            checked = self._responses(responses, len(requests))
+        except BaseException as exc:  # the model's failure is every request's failure
+            for index in running:
+                replies[index] = self._error_reply(items[index].rid, exc), []
+            return
+        for index, response in zip(running, checked, strict=True):
             item = items[index]
             try:
                 error = response.error()
@@ -192,11 +211,14 @@ class ModelRunner:
                 replies[index] = self._reply(item, response)
             except BaseException as exc:
                 replies[index] = self._error_reply(item.rid, exc), []
+        timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
+        for index in running:
+            done = replies[index]
+            if done is not None and not done[0].error_code:
+                done[0].timings = timings
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
-        inputs = [
-            pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload)) for ref in msg.inputs
-        ]
+        inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest(
             model_name=self.load.model_name,
             inputs=inputs,
@@ -204,7 +226,16 @@ class ModelRunner:
             request_id=msg.request_id,
             parameters=msg.parameters,
         )
+        targets = {t.name: t for t in msg.output_regions}
+        outputs = self.outputs
+        request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
         return request
+
+    def _input_tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
+        if ref.where == m.Where.CUDA_REGION:
+            return self.gpu.region_input(ref)
+        tensor = pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
+        return self.gpu.place(tensor)
 
     def _input_array(
         self, ref: m.TensorRef, payload: memoryview
@@ -254,7 +285,7 @@ class ModelRunner:
             if wanted and tensor.name() not in wanted:
                 continue
             target = targets.get(tensor.name()) if targets else None
-            ref, buffer = self._output_ref(tensor, offset, target)
+            ref, buffer = self.outputs.ref(tensor, offset, target)
             refs.append(ref)
             if buffer is not None:
                 buffers.append(buffer)
@@ -262,51 +293,6 @@ class ModelRunner:
         text = response.parameters()
         params = json.loads(text) if text != "{}" else {}
         return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
-
-    def _output_ref(
-        self, tensor: pb_utils.Tensor, offset: int, target: m.TensorRef | None = None
-    ) -> tuple[m.TensorRef, memoryview | None]:
-        array = tensor.storage
-        dtype = tensor.dtype
-        shape = list(array.shape)
-        if dtype.is_bytes:
-            data = memoryview(dtypes.serialize_bytes(array))
-        else:
-            # flat bytes: memoryview cannot cast a view with a zero in its shape
-            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-        if target is not None:
-            return self._write_to_region(tensor.name(), dtype.wire, shape, data, target), None
-        if data.nbytes > INLINE_OUTPUT_LIMIT:
-            arena_offset = self.output_arena.alloc(data.nbytes)
-            if arena_offset is not None:
-                self.output_arena.view(arena_offset, data.nbytes)[:] = data
-                ref = m.TensorRef(
-                    tensor.name(),
-                    dtype.wire,
-                    shape,
-                    m.Where.OUTPUT_ARENA,
-                    arena_offset,
-                    data.nbytes,
-                )
-                return ref, None
-        return m.TensorRef(
-            tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes
-        ), data
-
-    def _write_to_region(
-        self, name: str, datatype: str, shape: list[int], data: memoryview, target: m.TensorRef
-    ) -> m.TensorRef:
-        """The output's one copy: from the model's array into the client's region."""
-        if data.nbytes > target.nbytes:
-            raise TritonError(
-                f"shared memory size specified with the request for output '{name}' "
-                f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the "
-                "results",
-                TritonError.INTERNAL,
-            )
-        written = msgspec.structs.replace(target, nbytes=data.nbytes)
-        self.regions.view(written, f"output '{name}'")[:] = data
-        return msgspec.structs.replace(written, datatype=datatype, shape=shape)
 
     def unmap_regions(self, regions: list[int]) -> None:
         self.regions.unmap(regions)
