@@ -138,3 +138,15 @@ def test_a_cancelled_job_leaves_the_queue(loop: asyncio.AbstractEventLoop) -> No
     assert queue.remove(first)
     assert not queue.remove(first)
     assert queue.take(2) == [second]
+
+
+def test_timed_jobs_are_tracked_through_every_exit(loop: asyncio.AbstractEventLoop) -> None:
+    queue = JobQueue(policy("dynamic_batching { default_queue_policy { timeout_action: DELAY } }"))
+    removed, delayed, taken = job(loop, deadline=5), job(loop, deadline=5), job(loop, deadline=50)
+    for one in (removed, delayed, taken):
+        queue.push(one)
+    queue.remove(removed)
+    assert queue.expire(10) == [] and delayed.delayed
+    assert queue.next_deadline() == 50
+    assert queue.take(2) == [taken, delayed]
+    assert queue.next_deadline() == 0 and queue.expire(100) == []

@@ -123,6 +123,7 @@ class Job:
     future: asyncio.Future[WorkerReply]
     lease: RegionLease | None = None
     keep: bool = False  # keep arena outputs in place (an ensemble step's, read by the next)
+    delayed: bool = False  # timed out under DELAY: moved behind its level's others
 
     @property
     def device(self) -> int | None:
@@ -145,6 +146,7 @@ class JobQueue:
         self.policy = policy
         self._levels: dict[int, _Level] = {}
         self._size = 0
+        self._timed = 0  # queued jobs that have a deadline (none: nothing to expire)
 
     def __len__(self) -> int:
         return self._size
@@ -160,6 +162,7 @@ class JobQueue:
             raise errors.UnavailableError(QUEUE_FULL)
         level.queue.append(job)
         self._size += 1
+        self._timed += job.deadline_ns != 0
 
     def remove(self, job: Job) -> bool:
         """Take a job out (its client went away); False when it is not queued."""
@@ -172,12 +175,15 @@ class JobQueue:
             except ValueError:
                 continue
             self._size -= 1
+            self._timed -= job.deadline_ns != 0 and not job.delayed
             return True
         return False
 
     def expire(self, now_ns: int) -> list[Job]:
         """Apply the timeouts: DELAY moves a job back, REJECT returns it to be refused."""
         rejected: list[Job] = []
+        if not self._timed:
+            return rejected
         for level in self._levels.values():
             if not level.queue or not any(0 < j.deadline_ns < now_ns for j in level.queue):
                 continue
@@ -187,14 +193,19 @@ class JobQueue:
                     kept.append(job)
                 elif level.policy.reject:
                     rejected.append(job)
+                    self._timed -= 1
                 else:
+                    job.delayed = True
                     level.delayed.append(job)
+                    self._timed -= 1  # delayed jobs do not time out again
             level.queue = kept
         self._size -= len(rejected)
         return rejected
 
     def next_deadline(self) -> int:
         """The closest timeout among queued jobs that can still time out (0: none)."""
+        if not self._timed:
+            return 0
         deadlines = [j.deadline_ns for lv in self._levels.values() for j in lv.queue]
         return min((d for d in deadlines if d), default=0)
 
@@ -214,6 +225,7 @@ class JobQueue:
                 while jobs and len(taken) < count:
                     taken.append(jobs.popleft())
         self._size -= len(taken)
+        self._timed -= sum(j.deadline_ns != 0 and not j.delayed for j in taken)
         return taken
 
     def all(self) -> list[Job]:

@@ -72,9 +72,12 @@ class Scheduler:
         keep: bool = False,
     ) -> Job:
         """A request made ready to queue (its priority and timeout read, then dropped)."""
-        params = dict(parameters)
-        priority = _int_param(params.pop(PRIORITY, 0), PRIORITY)
-        timeout_us = _int_param(params.pop(TIMEOUT, 0), TIMEOUT)
+        params = parameters
+        priority = timeout_us = 0
+        if PRIORITY in parameters or TIMEOUT in parameters:  # the scheduler's, not the model's
+            params = dict(parameters)
+            priority = _int_param(params.pop(PRIORITY, 0), PRIORITY)
+            timeout_us = _int_param(params.pop(TIMEOUT, 0), TIMEOUT)
         level = self.policy.level(priority)
         now = time.monotonic_ns()
         deadline = self.policy.policy(level).deadline(now, timeout_us)
@@ -184,7 +187,8 @@ class Scheduler:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = asyncio.get_running_loop().call_at(at / 1e9, self._on_timer)
+        delay = max(at - time.monotonic_ns(), 0) / 1e9
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
