@@ -15,6 +15,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
+from dlserve.tensors import cuda_ipc
 
 ENSEMBLE = "ensemble_add_sub"
 RNG = np.random.default_rng(6)
@@ -232,3 +234,53 @@ def test_shared_memory_inputs_and_outputs(example_server: RunningServer) -> None
         client.unregister_system_shared_memory("ens")
         client.close()
         shm.destroy_shared_memory_region(handle)
+
+
+GPU_PIPELINE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "INPUT_0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT_0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "gpu_ops" input_map { key: "INPUT_0" value: "INPUT_0" }
+      output_map { key: "OUTPUT_0" value: "TWICE" } },
+    { model_name: "gpu_ops" input_map { key: "INPUT_0" value: "TWICE" }
+      output_map { key: "OUTPUT_0" value: "OUTPUT_0" } }
+  ]
+}
+"""
+
+
+@pytest.mark.gpu
+def test_cuda_shared_memory_through_an_ensemble_of_gpu_models(tmp_path: Path) -> None:
+    """The first step reads the client's CUDA region in place; the last step writes its
+    output into the client's CUDA region (x * 2 * 2)."""
+    if not cuda_ipc.available():
+        pytest.skip("no CUDA device")
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    shutil.copytree(TEST_MODELS / "gpu_ops", tmp_path / "gpu_ops")
+    (tmp_path / "gpu_pipeline" / "1").mkdir(parents=True)
+    (tmp_path / "gpu_pipeline" / "config.pbtxt").write_text(GPU_PIPELINE)
+    data = RNG.standard_normal(4096).astype(np.float32)
+    with run_server(tmp_path) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        handles = [cudashm.create_shared_memory_region(n, data.nbytes, 0) for n in ("i", "o")]
+        try:
+            cudashm.set_shared_memory_region(handles[0], [data])
+            for name, handle in zip(("in", "out"), handles, strict=True):
+                raw = cudashm.get_raw_handle(handle)
+                client.register_cuda_shared_memory(name, raw, 0, data.nbytes)
+            tensor = grpcclient.InferInput("INPUT_0", [data.size], "FP32")
+            tensor.set_shared_memory("in", data.nbytes)
+            output = grpcclient.InferRequestedOutput("OUTPUT_0")
+            output.set_shared_memory("out", data.nbytes)
+            client.infer("gpu_pipeline", [tensor], outputs=[output])
+            result = cudashm.get_contents_as_numpy(handles[1], np.float32, [data.size])
+            np.testing.assert_allclose(result, data * 4, rtol=1e-6)
+        finally:
+            client.unregister_cuda_shared_memory()
+            client.close()
+            for handle in handles:
+                cudashm.destroy_shared_memory_region(handle)
