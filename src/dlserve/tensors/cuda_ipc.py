@@ -187,12 +187,14 @@ def allocation_of(ptr: int) -> Allocation:
 
 
 def inspect_handle(raw: bytes, device: int) -> Allocation:
-    """Open a handle on ``device``, describe its allocation, close it again."""
-    ptr = open_handle(raw, device)
-    try:
-        return allocation_of(ptr)
-    finally:
-        close_handle(ptr, device)
+    """Open a handle on ``device``, describe its allocation, close it again (all in
+    ``device``'s context: the mapping exists there only)."""
+    with on_device(device):
+        ptr = open_handle(raw, device)
+        try:
+            return allocation_of(ptr)
+        finally:
+            close_handle(ptr, device)
 
 
 # --- copies and memory ------------------------------------------------------------------
