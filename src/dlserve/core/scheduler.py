@@ -58,6 +58,10 @@ class Scheduler:
         self._timer_at = 0
         self._idle: asyncio.Future[None] | None = None  # drain() waits on it
         self._warned_cross_device = False
+        # a request alone may go straight to a free instance (no queue delay to wait)
+        self._direct = self.policy.delay_ns == 0
+        policies = [self.policy.default_policy, *self.policy.level_policies.values()]
+        self._timed = any(p.default_timeout_ns or p.allow_override for p in policies)
         pool.on_restart = self.dispatch
 
     def job(
@@ -78,9 +82,9 @@ class Scheduler:
             params = dict(parameters)
             priority = _int_param(params.pop(PRIORITY, 0), PRIORITY)
             timeout_us = _int_param(params.pop(TIMEOUT, 0), TIMEOUT)
-        level = self.policy.level(priority)
+        level = self.policy.level(priority) if priority else self.policy.default_level
         now = time.monotonic_ns()
-        deadline = self.policy.policy(level).deadline(now, timeout_us)
+        deadline = self.policy.policy(level).deadline(now, timeout_us) if self._timed else 0
         item = WorkItem(
             request_id, inputs, outputs, params,
             lease.inputs if lease is not None else NO_SPANS,
@@ -92,13 +96,19 @@ class Scheduler:
     async def run(self, job: Job) -> WorkerReply:
         """Queue ``job`` and wait for its reply. A caller that is cancelled (its client
         went away) takes its job out of the queue; a job already executing runs on."""
-        if not self.pool.live():
-            raise errors.UnavailableError(
-                f"no instance of model '{self.name}' is available (restarting)"
-            )
-        self.queue.push(job)
-        self.stats.pending = len(self.queue)
-        self.dispatch()
+        worker = None
+        if self._direct and not len(self.queue):
+            worker = self._free_worker(job.device)
+        if worker is not None:
+            self._send(worker, [job])  # the fast path: nothing waits, an instance is free
+        else:
+            if not self._any_live():
+                raise errors.UnavailableError(
+                    f"no instance of model '{self.name}' is available (restarting)"
+                )
+            self.queue.push(job)
+            self.stats.pending = len(self.queue)
+            self.dispatch()
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -109,6 +119,10 @@ class Scheduler:
     # -- dispatch -----------------------------------------------------------------------
     def dispatch(self) -> None:
         """Send what can go now to free instances; wake up later for what must wait."""
+        if not len(self.queue):
+            if not self._busy and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+            return
         now = time.monotonic_ns()
         for job in self.queue.expire(now):
             _fail(job, errors.UnavailableError(TIMEOUT_EXPIRED))
@@ -116,7 +130,7 @@ class Scheduler:
         while (head := self.queue.head()) is not None:
             worker = self._free_worker(head.device)
             if worker is None:
-                if not self.pool.live():  # every instance is down: nothing would run these
+                if not self._any_live():  # every instance is down: nothing would run these
                     failure = errors.UnavailableError(
                         f"no instance of model '{self.name}' is available (restarting)"
                     )
@@ -132,6 +146,9 @@ class Scheduler:
             self._wake_up(now, wait)
         elif not self._busy and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def _any_live(self) -> bool:
+        return any(w is not None and w.alive for w in self.pool.workers)
 
     def _free_worker(self, device: int | None) -> WorkerBase | None:
         """A free instance for a batch whose head request has its CUDA input on GPU
@@ -202,7 +219,8 @@ class Scheduler:
         for job in live:
             if job.lease is not None:
                 job.lease.bind(worker)
-        self._count_crossings(worker, live)
+                if job.lease.device is not None:
+                    self._count_crossings(worker, [job])
         callbacks = [functools.partial(self._on_reply, execution, job) for job in live]
         try:
             worker.submit([job.item for job in live], callbacks)
