@@ -23,7 +23,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import InputTensor, OutputTensor, RegionSpan
-from dlserve.workers.placement import NO_SPANS, place_inputs, region_ref
+from dlserve.workers.placement import NO_SPANS, Placed, infer_message, place_inputs
 
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
@@ -213,7 +213,7 @@ class WorkerBase:
             raise errors.WorkerDiedError(self.death_reason())
         payload: list[memoryview] = []
         inline = 0
-        placed: list[tuple[int, WorkItem, list[m.TensorRef], list[int]]] = []
+        placed: list[Placed] = []
         try:
             for item in items:
                 refs, inline, offsets = place_inputs(
@@ -228,7 +228,7 @@ class WorkerBase:
         for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
             self._pending[rid] = _Pending(callback, offsets)
         release, self._release = self._release, []
-        channel.send(_infer_message(placed, release), payload)
+        channel.send(infer_message(placed, release), payload)
 
     def unmap_regions(self, regions: list[int]) -> None:
         """These client regions are gone: the worker drops its mappings of them."""
@@ -303,24 +303,6 @@ class WorkerBase:
     def _cleanup_shm(self) -> None:
         self.input_segment.close()
         self.output_segment.close()
-
-
-def _infer_message(
-    placed: list[tuple[int, WorkItem, list[m.TensorRef], list[int]]], release: list[int]
-) -> m.Infer | m.InferBatch:
-    """An Infer frame for one request, an InferBatch for several."""
-    items = [
-        m.BatchItem(rid, item.request_id, refs, item.outputs, item.parameters,
-                    [region_ref(n, "", span) for n, span in item.output_spans.items()])
-        for rid, item, refs, _ in placed
-    ]  # fmt: skip
-    if len(items) > 1:
-        return m.InferBatch(items, release)
-    one = items[0]
-    return m.Infer(
-        one.rid, one.request_id, one.inputs, one.outputs, one.parameters, release,
-        one.output_regions,
-    )  # fmt: skip
 
 
 class SubprocessWorker(WorkerBase):

@@ -8,7 +8,7 @@ never copied (the worker maps the region).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from dlserve.ipc import messages as m
 from dlserve.tensors.shm import Arena
@@ -16,6 +16,12 @@ from dlserve.types import InputTensor, RegionSpan
 
 INLINE_INPUT_LIMIT: Final = 64 * 1024
 NO_SPANS: Final[Mapping[str, RegionSpan]] = {}
+
+if TYPE_CHECKING:
+    from dlserve.workers.client import WorkItem
+
+# A request placed for sending: its rid, the request, its input refs, its arena offsets.
+Placed = tuple[int, "WorkItem", list[m.TensorRef], list[int]]
 
 
 def region_ref(
@@ -69,3 +75,24 @@ def place_inputs(
             arena.free(offset)
         raise
     return refs, inline_offset, offsets
+
+
+def infer_message(placed: list[Placed], release: list[int]) -> m.Infer | m.InferBatch:
+    """An Infer frame for one request, an InferBatch for several."""
+    if len(placed) == 1:
+        rid, item, refs, _ = placed[0]
+        return m.Infer(rid, item.request_id, refs, item.outputs, item.parameters, release,
+                       _output_regions(item))  # fmt: skip
+    items = [
+        m.BatchItem(
+            rid, item.request_id, refs, item.outputs, item.parameters, _output_regions(item)
+        )
+        for rid, item, refs, _ in placed
+    ]
+    return m.InferBatch(items, release)
+
+
+def _output_regions(item: WorkItem) -> list[m.TensorRef]:
+    if not item.output_spans:
+        return []
+    return [region_ref(name, "", span) for name, span in item.output_spans.items()]
