@@ -296,17 +296,23 @@ def _failures(server: RunningServer, model: str, reason: str) -> int:
     return int(float(found[1]))
 
 
+@pytest.mark.parametrize("how", ["cancel", "close"])
 def test_a_cancelled_grpc_request_leaves_the_queue_unexecuted(
-    client: Any, server: RunningServer, tmp_path: Path
+    client: Any, server: RunningServer, tmp_path: Path, how: str
 ) -> None:
     inferences, _, _ = counts(client, "batched")
     cancelled_before = _failures(server, "batched", "CANCELED")
     gate = Gate(client, "batched", tmp_path)
-    doomed = Pending(client, "batched", 3.0)
+    own = grpcclient.InferenceServerClient(server.grpc_url)
+    doomed = Pending(own, "batched", 3.0)
     wait_pending(server, "batched", 1)
-    doomed.call.cancel()
+    if how == "cancel":
+        doomed.call.cancel()
+    else:  # the client goes away: its channel closes
+        own.close()
     wait_pending(server, "batched", 0)  # gone from the queue while the instance is busy
     assert "CANCELLED" in str(doomed.error().status())
+    own.close()
     first = gate.release()
     after = Pending(client, "batched", 4.0).result()
     print("gate:", first, "next:", after)
