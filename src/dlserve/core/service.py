@@ -37,10 +37,6 @@ from dlserve.workers.client import WorkerReply
 log = logging.getLogger("dlserve")
 
 
-def _nothing() -> None:
-    pass
-
-
 EXTENSIONS = (
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
     "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
@@ -183,8 +179,7 @@ class InferenceService:
             else:
                 outputs, parameters = await self._run_model(loaded, request, received)
         except errors.DlserveError as exc:
-            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
         except asyncio.CancelledError:
             loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
@@ -265,8 +260,7 @@ class InferenceService:
         try:
             reply, batch = await self._run(loaded, request, keep=True)
         except errors.DlserveError as exc:
-            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
         self._record(loaded, reply, batch, received)
         outputs = [
@@ -369,3 +363,12 @@ class InferenceService:
         if self.log_settings["log_verbose_level"]:
             level = logging.DEBUG
         logging.getLogger("dlserve").setLevel(level)
+
+
+def _reason(exc: errors.DlserveError) -> str:
+    """Triton's failure label for a request that failed with ``exc``."""
+    return "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
+
+
+def _nothing() -> None:
+    """An ensemble step whose outputs hold nothing that must be given back."""
