@@ -233,6 +233,13 @@ class ModelManager:
             )
         for model in plan.models:
             await self._require_step(source.name, model)
+        for step in plan.steps:
+            entry = self.models[step.model_name]
+            if step.model_version and int(step.model_version) not in entry.versions:
+                raise errors.UnavailableError(
+                    f"ensemble '{source.name}' depends on '{step.model_name}' whose required "
+                    f"version {step.model_version} is not loaded."
+                )
         steps_ready = functools.partial(self._steps_ready, plan)
         versions = {
             v: ModelVersion(
