@@ -149,19 +149,18 @@ def _handle(raw: bytes) -> Any:
     return handle
 
 
-def open_handle(raw: bytes, device: int) -> int:
+def open_handle(raw: bytes, device: int, peer_access: bool = True) -> int:
     """Map another process's allocation into this one, in ``device``'s context.
 
     The pointer is the start of the exporter's allocation. Each open costs about 470 us
     the first time: callers cache the pointer and close it once (:func:`close_handle`).
+    Without ``peer_access`` the open fails unless the memory is on ``device`` itself.
     """
     runtime = _runtime()
     handle = _handle(raw)
+    flags = runtime.cudaIpcMemLazyEnablePeerAccess if peer_access else 0
     with on_device(device):
-        ptr = _check(
-            "cudaIpcOpenMemHandle",
-            runtime.cudaIpcOpenMemHandle(handle, runtime.cudaIpcMemLazyEnablePeerAccess),
-        )
+        ptr = _check("cudaIpcOpenMemHandle", runtime.cudaIpcOpenMemHandle(handle, flags))
     return int(ptr)
 
 
@@ -172,29 +171,36 @@ def close_handle(ptr: int, device: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    base: int
     size: int
     device: int  # the device the memory lives on
 
 
-def allocation_of(ptr: int) -> Allocation:
-    """The allocation that ``ptr`` points into, and the device it lives on."""
-    driver = _driver()
-    base, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
-    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    device = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
-    return Allocation(int(base), int(size), int(device))
+def _size_in(ptr: int, device: int) -> int:
+    with on_device(device):
+        _, size = _check("cuMemGetAddressRange", _driver().cuMemGetAddressRange(ptr))
+    return int(size)
 
 
 def inspect_handle(raw: bytes, device: int) -> Allocation:
-    """Open a handle on ``device``, describe its allocation, close it again (all in
-    ``device``'s context: the mapping exists there only)."""
-    with on_device(device):
-        ptr = open_handle(raw, device)
+    """The size and device of the allocation a handle names; it is opened, then closed.
+
+    The device is found by opening without peer access, which works only on the device
+    the memory is on: ``device`` first, then the others. Raises the first CudaError when
+    no device can open it.
+    """
+    first_error: CudaError | None = None
+    for candidate in [device, *(d for d in range(device_count()) if d != device)]:
         try:
-            return allocation_of(ptr)
+            ptr = open_handle(raw, candidate, peer_access=False)
+        except CudaError as exc:
+            first_error = first_error or exc
+            continue
+        try:
+            return Allocation(_size_in(ptr, candidate), candidate)
         finally:
-            close_handle(ptr, device)
+            close_handle(ptr, candidate)
+    assert first_error is not None
+    raise first_error
 
 
 # --- copies and memory ------------------------------------------------------------------
