@@ -175,32 +175,19 @@ class Allocation:
     device: int  # the device the memory lives on
 
 
-def _size_in(ptr: int, device: int) -> int:
-    with on_device(device):
-        _, size = _check("cuMemGetAddressRange", _driver().cuMemGetAddressRange(ptr))
-    return int(size)
-
-
 def inspect_handle(raw: bytes, device: int) -> Allocation:
-    """The size and device of the allocation a handle names; it is opened, then closed.
-
-    The device is found by opening without peer access, which works only on the device
-    the memory is on: ``device`` first, then the others. Raises the first CudaError when
-    no device can open it.
-    """
-    first_error: CudaError | None = None
-    for candidate in [device, *(d for d in range(device_count()) if d != device)]:
+    """The size and device of the allocation a handle names: opened in ``device``'s
+    context, asked, closed again."""
+    driver = _driver()
+    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    with on_device(device):
+        ptr = open_handle(raw, device)
         try:
-            ptr = open_handle(raw, candidate, peer_access=False)
-        except CudaError as exc:
-            first_error = first_error or exc
-            continue
-        try:
-            return Allocation(_size_in(ptr, candidate), candidate)
+            _, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
+            owner = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
         finally:
-            close_handle(ptr, candidate)
-    assert first_error is not None
-    raise first_error
+            close_handle(ptr, device)
+    return Allocation(int(size), int(owner))
 
 
 # --- copies and memory ------------------------------------------------------------------
