@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlserve import __version__, errors
 from dlserve.core import cuda_check
 from dlserve.core.config import config_to_dict
+from dlserve.core.ensemble import run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
@@ -29,9 +32,10 @@ from dlserve.types import (
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers.client import WorkerBase, WorkerReply
+from dlserve.workers.client import WorkerReply
 
 log = logging.getLogger("dlserve")
+
 
 EXTENSIONS = (
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
@@ -71,7 +75,10 @@ class InferenceService:
                 names = self.repository.model_names()
         else:
             names = self.repository.model_names()
-        await asyncio.gather(*(self._load_at_startup(name) for name in names))
+        ensembles = [n for n in names if self.repository.is_ensemble(n)]
+        await asyncio.gather(*(self._load_at_startup(n) for n in names if n not in ensembles))
+        for name in ensembles:  # after the models they are made of
+            await self._load_at_startup(name)
         self._started = True
 
     async def _load_at_startup(self, name: str) -> None:
@@ -161,71 +168,109 @@ class InferenceService:
 
     # -- inference ----------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one request. When its caller is cancelled (the client went away), a request
+        still queued leaves the queue without being executed."""
         received = time.monotonic_ns()
         loaded = self.version(request.model_name, request.model_version)
+        parameters: dict[str, Any] = {}
         try:
-            reply, batch = await self._run(loaded, request)
+            if loaded.ensemble is not None:
+                outputs = await self._run_ensemble(loaded, request, received)
+            else:
+                outputs, parameters = await self._run_model(loaded, request, received)
         except errors.DlserveError as exc:
-            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
+        except asyncio.CancelledError:
+            loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
+            raise
+        return InferResponse(
+            request.model_name, str(loaded.version), request.id, outputs, parameters
+        )
+
+    async def _run_model(
+        self, loaded: ModelVersion, request: InferRequest, received: int
+    ) -> tuple[list[OutputTensor], dict[str, Any]]:
+        reply, batch = await self._run(loaded, request)
         outputs = [
             OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
             for o in reply.outputs
         ]
-        now = time.monotonic_ns()
+        self._record(loaded, reply, batch, received)
+        return outputs, dict(reply.parameters)
+
+    @staticmethod
+    def _record(loaded: ModelVersion, reply: WorkerReply, batch: int, received: int) -> None:
         t = reply.timings
-        if t is not None:
-            loaded.stats.record_success(
-                batch if loaded.config.max_batch_size > 0 else 1,
-                now - received,
-                t.input_start - received,
-                t.infer_start - t.input_start,
-                t.infer_end - t.infer_start,
-                now - t.infer_end,
-            )
-        return InferResponse(
-            request.model_name, str(loaded.version), request.id, outputs, dict(reply.parameters)
+        if t is None:
+            return
+        now = time.monotonic_ns()
+        loaded.stats.record_request(
+            batch if loaded.config.max_batch_size > 0 else 1,
+            now - received,
+            t.input_start - received,
+            t.infer_start - t.input_start,
+            t.infer_end - t.infer_start,
+            now - t.infer_end,
         )
 
-    async def _run(self, loaded: ModelVersion, request: InferRequest) -> tuple[WorkerReply, int]:
+    async def _run(
+        self, loaded: ModelVersion, request: InferRequest, *, keep: bool = False
+    ) -> tuple[WorkerReply, int]:
         """Check the request and run it on an instance: the reply, and the batch size.
 
         The regions it names are checked first (as Triton does) and stay in use until it
         is done, so that unregistering one meanwhile cannot unmap it under the model.
         """
+        assert loaded.scheduler is not None
         lease: RegionLease | None = self.regions.lease(request)
         try:
             inputs, batch = loaded.validator.check(request)
             outputs = [o.name for o in request.outputs]
-            if lease is None:
-                worker = loaded.pool.pick()
-                return await worker.infer(request.id, inputs, outputs, request.parameters), batch
-            worker = self._pick_for(loaded, lease.device)
-            lease.bind(worker)
-            reply = await worker.infer(
-                request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs
+            job = loaded.scheduler.job(
+                request.id, inputs, outputs, request.parameters, batch, lease, keep=keep
             )
-            return reply, batch
+            return await loaded.scheduler.run(job), batch
         finally:
             if lease is not None:
                 self.regions.release(lease)
 
-    def _pick_for(self, loaded: ModelVersion, device: int | None) -> WorkerBase:
-        """An instance on the GPU of the request's CUDA input when the model has one;
-        otherwise any, served across devices (said once, and counted)."""
-        worker, same_device = loaded.pool.pick_on(device)
-        if not same_device:
-            loaded.stats.cross_device += 1
-            if not loaded.warned_cross_device:
-                loaded.warned_cross_device = True
-                log.warning(
-                    "model '%s' version %s has no instance on GPU %s, where a request's CUDA "
-                    "input is: it is served across devices (counted in "
-                    "dlserve_cross_device_requests_total; said once)",
-                    loaded.name, loaded.version, device,
-                )  # fmt: skip
-        return worker
+    async def _run_ensemble(
+        self, loaded: ModelVersion, request: InferRequest, received: int
+    ) -> list[OutputTensor]:
+        assert loaded.ensemble is not None
+        inputs, batch = loaded.validator.check(request)
+        outputs = await run_ensemble(loaded.ensemble, request, inputs, self._run_step)
+        total = time.monotonic_ns() - received
+        loaded.stats.record_request(batch if loaded.config.max_batch_size > 0 else 1,
+                                    total, 0, 0, 0, 0)  # fmt: skip
+        loaded.stats.execution_count += 1
+        return outputs
+
+    async def _run_step(
+        self, request: InferRequest
+    ) -> tuple[list[OutputTensor], Callable[[], None]]:
+        """One ensemble step, counted in its model's statistics; its outputs stay in the
+        worker's output arena until the returned callable gives them back."""
+        received = time.monotonic_ns()
+        loaded = self.version(request.model_name, request.model_version)
+        if loaded.ensemble is not None:
+            response = await self.infer(request)
+            return response.outputs, _nothing
+        try:
+            reply, batch = await self._run(loaded, request, keep=True)
+        except errors.DlserveError as exc:
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
+            raise
+        self._record(loaded, reply, batch, received)
+        outputs = [
+            OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
+            for o in reply.outputs
+        ]
+        worker, held = reply.worker, reply.held
+        if worker is None or not held:
+            return outputs, _nothing
+        return outputs, functools.partial(worker.release_outputs, held)
 
     # -- system and CUDA shared memory --------------------------------------------------
     def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
@@ -318,3 +363,12 @@ class InferenceService:
         if self.log_settings["log_verbose_level"]:
             level = logging.DEBUG
         logging.getLogger("dlserve").setLevel(level)
+
+
+def _reason(exc: errors.DlserveError) -> str:
+    """Triton's failure label for a request that failed with ``exc``."""
+    return "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
+
+
+def _nothing() -> None:
+    """An ensemble step whose outputs hold nothing that must be given back."""

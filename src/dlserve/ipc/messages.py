@@ -91,7 +91,29 @@ class UnmapRegions(_Msg, tag=6):
     regions: list[int]
 
 
-ServerToWorker = Load | Infer | Release | Shutdown | MetricValueReply | UnmapRegions
+class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One request of an :class:`InferBatch`; its fields mean what :class:`Infer`'s do."""
+
+    rid: int
+    request_id: str
+    inputs: list[TensorRef]
+    outputs: list[str]
+    parameters: dict[str, ParamValue] = {}
+    output_regions: list[TensorRef] = []
+
+
+class InferBatch(_Msg, tag=20):
+    """Several requests for one ``execute(requests)`` call (dynamic batching).
+
+    The PAYLOAD offsets of every item's inputs count from the start of this frame's
+    payload. The worker answers with one :class:`InferDone` per item, each in its own frame.
+    """
+
+    items: list[BatchItem]
+    release: list[int] = []
+
+
+ServerToWorker = Load | Infer | Release | Shutdown | MetricValueReply | UnmapRegions | InferBatch
 
 # ---- worker -> server -----------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -23,8 +23,8 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import InputTensor, OutputTensor, RegionSpan
+from dlserve.workers.placement import NO_SPANS, Placed, infer_message, place_inputs
 
-INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
@@ -36,30 +36,33 @@ class WorkerReply:
     outputs: list[OutputTensor]
     timings: m.Timings | None
     parameters: dict[str, m.ParamValue] = field(default_factory=dict)
+    held: list[int] = field(default_factory=list)  # output-arena offsets still viewed
+    worker: WorkerBase | None = None  # whose output arena ``held`` is in
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One request as an instance receives it. Inputs without data are in client
+    regions (``input_spans``, by name); outputs named in ``output_spans`` are written
+    into client regions."""
+
+    request_id: str
+    inputs: list[InputTensor]
+    outputs: list[str]  # requested output names; empty: all the model produces
+    parameters: dict[str, m.ParamValue]
+    input_spans: Mapping[str, RegionSpan] = field(default_factory=dict)
+    output_spans: Mapping[str, RegionSpan] = field(default_factory=dict)
+
+
+# What becomes of one request sent to a worker: its reply frame, or the worker's death.
+Outcome = tuple[m.InferDone, memoryview] | errors.DlserveError
+ReplyCallback = Callable[[Outcome], None]
 
 
 @dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[tuple[m.InferDone, memoryview]]
+    callback: ReplyCallback
     arena_offsets: list[int]
-
-
-_NO_SPANS: Final[Mapping[str, RegionSpan]] = {}
-
-
-def _region_ref(
-    name: str, datatype: str, span: RegionSpan, shape: list[int] | None = None
-) -> m.TensorRef:
-    """A tensor in (or an output going to) a client region; ``nbytes`` is the span's size."""
-    if span.is_cuda:
-        return m.TensorRef(
-            name, datatype, shape or [], m.Where.CUDA_REGION, span.offset, span.byte_size,
-            span.region_id, handle=span.handle, device=span.device,
-        )  # fmt: skip
-    return m.TensorRef(
-        name, datatype, shape or [], m.Where.CLIENT_REGION, span.offset, span.byte_size,
-        span.region_id, span.key,
-    )  # fmt: skip
 
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
@@ -141,8 +144,7 @@ class WorkerBase:
             if pending is not None:
                 for offset in pending.arena_offsets:
                     self.input_arena.free(offset)
-                if not pending.future.done():
-                    pending.future.set_result((msg, payload))
+                pending.callback((msg, payload))
         elif isinstance(msg, m.MetricFamilyDef | m.MetricOp | m.MetricValueCall):
             self._on_metric_message(msg)
         elif self._control is not None and not self._control.done():
@@ -164,10 +166,9 @@ class WorkerBase:
         await self._reaped(REAP_TIMEOUT_S)
         reason = self.death_reason()
         failure = errors.WorkerDiedError(reason)
-        for pending in self._pending.values():
-            if not pending.future.done():
-                pending.future.set_exception(failure)
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        for one in pending.values():
+            one.callback(failure)
         if self._control is not None and not self._control.done():
             self._control.set_exception(failure)
         if not self.closed.done():
@@ -219,78 +220,99 @@ class WorkerBase:
         inputs: list[InputTensor],
         outputs: list[str],
         parameters: dict[str, m.ParamValue],
-        input_spans: Mapping[str, RegionSpan] = _NO_SPANS,
-        output_spans: Mapping[str, RegionSpan] = _NO_SPANS,
+        input_spans: Mapping[str, RegionSpan] = NO_SPANS,
+        output_spans: Mapping[str, RegionSpan] = NO_SPANS,
     ) -> WorkerReply:
-        """Run one request. Inputs without data are in client regions (``input_spans``,
-        by name); outputs named in ``output_spans`` are written into client regions."""
+        """Run one request now (see :class:`WorkItem`), whatever else is in flight."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+        def resolve(outcome: Outcome) -> None:
+            if future.done():  # its caller gave up: the reply's arena space goes back
+                self.discard(outcome)
+            else:
+                future.set_result(outcome)
+
+        item = WorkItem(request_id, inputs, outputs, parameters, input_spans, output_spans)
+        self.submit([item], [resolve])
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.discard(future.result())
+            raise
+        if isinstance(outcome, errors.DlserveError):
+            raise outcome
+        return self.read_reply(*outcome)
+
+    def submit(self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback]) -> None:
+        """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
+        (called from the event loop, once). Raises WorkerDiedError when the worker is gone."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
-        rid = next(self._rids)
-        refs, payload, offsets = self._place_inputs(inputs, input_spans)
-        future: asyncio.Future[tuple[m.InferDone, memoryview]]
-        future = asyncio.get_running_loop().create_future()
-        self._pending[rid] = _Pending(future, offsets)
+        payload: list[memoryview] = []
+        inline = 0
+        placed: list[Placed] = []
+        try:
+            for item in items:
+                refs, inline, offsets = place_inputs(
+                    self.input_arena, item.inputs, item.input_spans, payload, inline
+                )
+                placed.append((next(self._rids), item, refs, offsets))
+        except BaseException:
+            for _, _, _, offsets in placed:
+                for offset in offsets:
+                    self.input_arena.free(offset)
+            raise
+        for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
+            self._pending[rid] = _Pending(callback, offsets)
         if _busy_poll_us:
             _spinner.hold(self._pending)
         release, self._release = self._release, []
-        msg = m.Infer(rid, request_id, refs, outputs, parameters, release)
-        if output_spans:
-            msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
-        channel.send(msg, payload)
-        done, payload_back = await future
-        return self._reply(done, payload_back)
+        channel.send(infer_message(placed, release), payload)
 
     def unmap_regions(self, regions: list[int]) -> None:
         """These client regions are gone: the worker drops its mappings of them."""
         if self._channel is not None:
             self._channel.send(m.UnmapRegions(regions))
 
-    def _place_inputs(
-        self, inputs: list[InputTensor], spans: Mapping[str, RegionSpan]
-    ) -> tuple[list[m.TensorRef], list[memoryview], list[int]]:
-        refs: list[m.TensorRef] = []
-        payload: list[memoryview] = []
-        offsets: list[int] = []
-        inline_offset = 0
-        for tensor in inputs:
-            data = tensor.data
-            if data is None:  # in a client's region: the worker maps it, nothing to copy
-                refs.append(_region_ref(tensor.name, tensor.datatype, spans[tensor.name],
-                                        list(tensor.shape)))  # fmt: skip
-                continue
-            nbytes = data.nbytes
-            arena_offset = self.input_arena.alloc(nbytes) if nbytes > INLINE_INPUT_LIMIT else None
-            if arena_offset is None:  # small, or no arena space: inline in the frame
-                where, offset = m.Where.PAYLOAD, inline_offset
-                payload.append(data)
-                inline_offset += nbytes
-            else:  # the one copy, into the shared memory the worker maps
-                where, offset = m.Where.INPUT_ARENA, arena_offset
-                self.input_arena.view(arena_offset, nbytes)[:] = data.cast("B")
-                offsets.append(arena_offset)
-            ref = m.TensorRef(
-                tensor.name, tensor.datatype, list(tensor.shape), where, offset, nbytes
-            )
-            refs.append(ref)
-        return refs, payload, offsets
-
-    def _reply(self, done: m.InferDone, payload: memoryview) -> WorkerReply:
+    def read_reply(
+        self, done: m.InferDone, payload: memoryview, *, keep: bool = False
+    ) -> WorkerReply:
+        """The reply's outputs; raises the model's error. Outputs in the output arena are
+        copied out, or with ``keep`` viewed in place and listed in ``held`` (give them
+        back with :meth:`release_outputs` once nothing reads them)."""
         if done.error_code:
             raise errors.ModelError(done.error, errors.ErrorCode(done.error_code))
         outputs = []
+        held: list[int] = []
         for ref in done.outputs:
             data: bytes | memoryview | None
             if ref.where == m.Where.PAYLOAD:
                 data = payload[ref.offset : ref.offset + ref.nbytes]
             elif ref.where == m.Where.OUTPUT_ARENA:
-                data = bytes(self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes])
-                self._schedule_release(ref.offset)
+                view = self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
+                if keep:
+                    data = view
+                    held.append(ref.offset)
+                else:
+                    data = bytes(view)
+                    self._schedule_release(ref.offset)
             else:
                 data = None
             outputs.append(OutputTensor(ref.name, ref.datatype, tuple(ref.shape), data))
-        return WorkerReply(outputs, done.timings, done.parameters)
+        return WorkerReply(outputs, done.timings, done.parameters, held, self if held else None)
+
+    def discard(self, outcome: Outcome) -> None:
+        """A reply nobody will read: its output-arena space goes back to the worker."""
+        if isinstance(outcome, tuple):
+            self.release_outputs(
+                [r.offset for r in outcome[0].outputs if r.where == m.Where.OUTPUT_ARENA]
+            )
+
+    def release_outputs(self, offsets: list[int]) -> None:
+        for offset in offsets:
+            self._schedule_release(offset)
 
     def _schedule_release(self, offset: int) -> None:
         """Output-arena space goes back with the next Infer, or in a Release of its own."""

@@ -104,6 +104,10 @@ class _Serving:
             assert self.runner is not None, "Infer before Load"
             done, buffers = self.runner.infer(msg, payload)
             self.worker.send(done, buffers)
+        elif isinstance(msg, m.InferBatch):
+            assert self.runner is not None, "InferBatch before Load"
+            for done, buffers in self.runner.execute(msg.items, msg.release, payload):
+                self.worker.send(done, buffers)
         elif isinstance(msg, m.Release):
             if self.runner is not None:
                 self.runner.release(msg.offsets)

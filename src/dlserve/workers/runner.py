@@ -34,6 +34,8 @@ from dlserve.workers import gpu_io
 from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.regions import ClientRegions
 
+Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
+
 
 class LoadError(Exception):
     """model.py could not be imported, auto-completed or initialized."""
@@ -154,24 +156,68 @@ class ModelRunner:
 
     # -- inference ----------------------------------------------------------------------
     def infer(self, msg: m.Infer, payload: memoryview) -> tuple[m.InferDone, list[memoryview]]:
+        return self.execute([msg], msg.release, payload)[0]
+
+    def execute(
+        self, items: Sequence[Item], release: Sequence[int], payload: memoryview
+    ) -> list[tuple[m.InferDone, list[memoryview]]]:
+        """One ``execute(requests)`` call for ``items``: one reply each, in their order.
+
+        As Triton's Python backend does, the model gets one InferenceRequest per item
+        (nothing is concatenated) and must return one response per request.
+        """
         timings_start = time.monotonic_ns()
-        if msg.release:
-            self.release(msg.release)
+        if release:
+            self.release(release)
+        replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
+        requests: list[pb_utils.InferenceRequest] = []
+        running: list[int] = []
         try:
-            request = self._request(msg, payload)
-            infer_start = time.monotonic_ns()
-            responses = self._call(self.model.execute, [request])
-            infer_end = time.monotonic_ns()
-            response = self._single_response(responses)
-            done, buffers = self._reply(msg, response)
-        except BaseException as exc:  # the model's failure is the request's failure
-            return self._error_reply(msg.rid, exc), []
+            for index, item in enumerate(items):
+                try:
+                    requests.append(self._request(item, payload))
+                    running.append(index)
+                except BaseException as exc:  # this request alone fails
+                    replies[index] = self._error_reply(item.rid, exc), []
+            if requests:
+                self._execute(items, running, requests, replies, timings_start)
         finally:
             self.outputs.drop_buffers()
-        done.timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
-        return done, buffers
+        return [r for r in replies if r is not None]
 
-    def _request(self, msg: m.Infer, payload: memoryview) -> pb_utils.InferenceRequest:
+    def _execute(
+        self,
+        items: Sequence[Item],
+        running: list[int],
+        requests: list[pb_utils.InferenceRequest],
+        replies: list[tuple[m.InferDone, list[memoryview]] | None],
+        timings_start: int,
+    ) -> None:
+        infer_start = time.monotonic_ns()
+        try:
+            responses = self._call(self.model.execute, requests)
+            infer_end = time.monotonic_ns()
+            checked = self._responses(responses, len(requests))
+        except BaseException as exc:  # the model's failure is every request's failure
+            for index in running:
+                replies[index] = self._error_reply(items[index].rid, exc), []
+            return
+        for index, response in zip(running, checked, strict=True):
+            item = items[index]
+            try:
+                error = response.error()
+                if error is not None:
+                    raise error
+                replies[index] = self._reply(item, response)
+            except BaseException as exc:
+                replies[index] = self._error_reply(item.rid, exc), []
+        timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
+        for index in running:
+            done = replies[index]
+            if done is not None and not done[0].error_code:
+                done[0].timings = timings
+
+    def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
         inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest(
             model_name=self.load.model_name,
@@ -207,24 +253,28 @@ class ModelRunner:
             return dtypes.deserialize_bytes(raw).reshape(ref.shape), dtype
         return np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape), dtype
 
-    def _single_response(self, responses: Any) -> pb_utils.InferenceResponse:
-        if not isinstance(responses, list | tuple) or len(responses) != 1:
-            got = (
-                len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
-            )
-            raise TritonError(f"execute() must return a list of 1 InferenceResponse, got {got}")
-        response = responses[0]
-        if not isinstance(response, pb_utils.InferenceResponse):
+    @staticmethod
+    def _responses(responses: Any, count: int) -> list[pb_utils.InferenceResponse]:
+        """execute()'s result checked: one InferenceResponse per request (Triton's messages)."""
+        if not isinstance(responses, list | tuple):
             raise TritonError(
-                f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
+                f"Expected a list in the execute return, found type '{type(responses).__name__}'."
             )
-        error = response.error()
-        if error is not None:
-            raise error
-        return response
+        if len(responses) != count:
+            raise TritonError(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
+                f"InferenceResponse(s) size is:{len(responses)}"
+            )
+        for response in responses:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise TritonError(
+                    f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
+                )
+        return list(responses)
 
     def _reply(
-        self, msg: m.Infer, response: pb_utils.InferenceResponse
+        self, msg: Item, response: pb_utils.InferenceResponse
     ) -> tuple[m.InferDone, list[memoryview]]:
         wanted = set(msg.outputs)
         targets = {t.name: t for t in msg.output_regions}
