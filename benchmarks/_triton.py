@@ -324,7 +324,7 @@ def dlserve_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def run_dlserve(
-    model_repository: Path, http_port: int, grpc_port: int, metrics_port: int
+    model_repository: Path, http_port: int, grpc_port: int, metrics_port: int, *extra: str
 ) -> Iterator[RunningServer]:
     """Run ``python -m dlserve serve`` on ``model_repository`` until the block exits."""
     command = [
@@ -332,7 +332,7 @@ def run_dlserve(
         "--model-repository", str(Path(model_repository).resolve()),
         "--http-port", str(http_port),
         "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
+        "--metrics-port", str(metrics_port), *extra,
     ]  # fmt: skip
     ports = (http_port, grpc_port, metrics_port)
     with run_server("dlserve", command, dlserve_env(), ports) as server:

@@ -7,7 +7,8 @@ its input and output live in CUDA shared-memory regions it registered once
 fp32 [1,3,224,224] (0.6 MB) and [128,3,224,224] (77 MB); 1 client (p50, p99), then N
 concurrent clients (throughput).
 
-    python benchmarks/bench_cuda.py [--duration S] [--clients 8,4] [--json PATH]
+    python benchmarks/bench_cuda.py [--duration S] [--clients 1,4,8] [--busy-poll-us US]
+        [--json PATH]
 
 The reference is Triton 2.51's Python backend on the same kind of machine (an H200), as
 measured for the issue: p50 947 us (0.6 MB) and 2707 us (77 MB) at 1 client, 2078 req/s
@@ -37,10 +38,11 @@ import _triton  # a sibling module, not a package
 
 MODELS = Path(__file__).resolve().parent / "models_gpu"
 MODEL = "cuda_double"
-SIZES = {"0.6MB": [1, 3, 224, 224], "77MB": [128, 3, 224, 224]}
+SIZES = {"0.6MB": [1, 3, 224, 224], "77MB": [128, 3, 224, 224], "48B": [1, 3, 2, 2]}
 TRITON = {  # size -> (p50 us at 1 client, req/s, clients) measured for the issue on an H200
     "0.6MB": (947.0, 2078.0, 8),
     "77MB": (2707.0, 408.0, 4),
+    "48B": (float("nan"), float("nan"), 0),  # no reference: dlserve's floor for this path
 }
 
 
@@ -89,7 +91,8 @@ def client_process(url: str, shape: list[int], seconds: float, warmup: float, st
             latencies.append(time.perf_counter() - now)
         results.put(latencies)
     finally:
-        client.unregister_cuda_shared_memory()
+        for name in ("in", "out"):  # its own: the other clients' are still in use
+            client.unregister_cuda_shared_memory(f"{tag}_{name}")
         for region in regions:
             cudashm.destroy_shared_memory_region(region)
         client.close()
@@ -117,6 +120,26 @@ def measure(url: str, size: str, clients: int, args: argparse.Namespace) -> Row:
     return Row(size, clients, micros.size, p50, p99, micros.size / max(elapsed, args.duration))
 
 
+def server_side(url: str) -> dict[str, float]:
+    """The server's cumulative statistics for the model (ns) and its request count."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(url) as client:
+        stats = client.get_inference_statistics(MODEL).model_stats[0]
+    parts = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+    totals = {part: float(getattr(stats.inference_stats, part).ns) for part in parts}
+    totals["count"] = float(stats.inference_stats.success.count)
+    return totals
+
+
+def print_server_side(before: dict[str, float], after: dict[str, float]) -> None:
+    """Where a request's time went inside the server, on average, in microseconds."""
+    count = after["count"] - before["count"]
+    if count:
+        parts = [f"{k} {(after[k] - before[k]) / count / 1000:.0f}" for k in before if k != "count"]
+        print(f"#   server-side us per request: {', '.join(parts)}", file=sys.stderr, flush=True)
+
+
 def report(rows: list[Row]) -> None:
     print(f"{'size':<6} {'clients':>7} {'requests':>9} {'p50 us':>9} {'p99 us':>9} {'req/s':>9}"
           f"  vs Triton 2.51 (issue's H200 numbers)")  # fmt: skip
@@ -138,14 +161,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds")
     parser.add_argument("--sizes", default="0.6MB,77MB")
     parser.add_argument("--clients", default="1,4,8", help="client counts to measure")
+    parser.add_argument("--busy-poll-us", type=int, default=0, help="dlserve's --busy-poll-us")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows = []
-    with _triton.run_dlserve(MODELS, *_triton.free_ports(3)) as server:
+    extra = ("--busy-poll-us", str(args.busy_poll_us))
+    with _triton.run_dlserve(MODELS, *_triton.free_ports(3), *extra) as server:
         for size in args.sizes.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
+                before = server_side(server.grpc_url)
                 rows.append(measure(server.grpc_url, size, clients, args))
                 print(f"# {asdict(rows[-1])}", file=sys.stderr, flush=True)
+                print_server_side(before, server_side(server.grpc_url))
     report(rows)
     if args.json is not None:
         document = {

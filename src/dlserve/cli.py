@@ -49,6 +49,14 @@ def _parser() -> argparse.ArgumentParser:
         "socket), nobody, or anyone",
     )
     serve.add_argument(
+        "--busy-poll-us",
+        type=int,
+        default=0,
+        metavar="US",
+        help="trade CPU for latency: a worker polls this long for its next request before "
+        "sleeping, and the server polls while requests are in flight (0: off)",
+    )
+    serve.add_argument(
         "--ready-fd",
         type=int,
         default=None,
@@ -79,5 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         in_process_workers=args.debug,
         ready_fd=args.ready_fd,
         allow_client_shm=args.allow_client_shm,
+        busy_poll_us=args.busy_poll_us,
     )
     return run(options)

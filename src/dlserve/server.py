@@ -40,6 +40,7 @@ class ServerOptions:
     ready_fd: int | None = None
     shutdown_timeout: float = 30.0
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
+    busy_poll_us: int = 0  # poll instead of sleeping between requests (workers and server)
 
 
 class Server:
@@ -48,7 +49,9 @@ class Server:
         service_options = ServiceOptions(
             model_control_mode=options.model_control_mode,
             startup_models=list(options.load_models),
-            manager=ManagerOptions(in_process=options.in_process_workers),
+            manager=ManagerOptions(
+                in_process=options.in_process_workers, busy_poll_us=options.busy_poll_us
+            ),
             allow_client_shm=options.allow_client_shm,
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)

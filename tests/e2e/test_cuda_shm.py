@@ -272,10 +272,6 @@ class TestOnTheGpu:
         assert "byte_size 1025 is larger than the allocation behind the handle" in message
         message = client.fails("INVALID_ARG", client.register, "r", region, 64, 99)
         assert "GPU 99 does not exist" in message
-        if cuda_ipc.device_count() > 1:
-            message = client.fails("INVALID_ARG", client.register, "r", region, 64, 1)
-            assert "the memory behind the handle is on GPU 0" in message
-            assert "registration names GPU 1" in message
         assert client.status() == {}
 
     def test_inputs_and_outputs_in_regions_at_offsets(self, client: Client,
@@ -290,7 +286,9 @@ class TestOnTheGpu:
             [client.output("OUTPUT_0", "out", 64, at=512)],
         )  # fmt: skip
         assert params["is_cpu"] is False and params["input_device"] == 0
-        assert result.as_numpy("OUTPUT_0") is None  # in the region, not in the response
+        described = result.get_output("OUTPUT_0")  # named and shaped, its bytes in the region
+        shape = described.shape if client.protocol == "grpc" else described["shape"]
+        assert list(shape) == [16]
         np.testing.assert_array_equal(read(outputs, 512, 16, 4096), data * 2)
 
     def test_the_model_writes_into_the_clients_gpu_memory(self, client: Client,

@@ -79,11 +79,11 @@ class _Ipc:
 
     def export(self, ptr: int, device: int) -> tuple[bytes, int]:
         try:
-            handle, offset, allocation = cuda_ipc.export_handle(ptr)
+            handle, offset, base = cuda_ipc.export_handle(ptr, device)
         except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
             raise TritonModelException(f"passing a GPU tensor to another model: {exc}") from None
         with self._lock:
-            self._exported[handle] = allocation.base
+            self._exported[handle] = base
         return handle, offset
 
     def open(self, handle: bytes, device: int) -> int:
@@ -95,7 +95,8 @@ class _Ipc:
                 return self._exported[handle]
             try:
                 base = cuda_ipc.open_handle(handle, device)
-                size = cuda_ipc.allocation_of(base).size
+                with cuda_ipc.on_device(device):
+                    _, size = cuda_ipc.address_range(base)
             except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable, ValueError) as exc:
                 raise TritonModelException(f"opening another model's GPU tensor: {exc}") from None
             self._opened[handle] = (base, size, device)

@@ -104,7 +104,8 @@ def normalize(config: Any, name: str, gpu_count: int) -> None:
         )
     config.name = name
     if config.platform == "ensemble":
-        raise ConfigError(f"model '{name}': ensembles are not supported yet")
+        _normalize_ensemble(config, name)
+        return
     if not config.backend:
         config.backend = "python"
     if config.backend != "python":
@@ -118,6 +119,22 @@ def normalize(config: Any, name: str, gpu_count: int) -> None:
     _normalize_instance_groups(config, name, gpu_count)
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+
+
+def _normalize_ensemble(config: Any, name: str) -> None:
+    """An ensemble runs in the server: no backend, no instances of its own."""
+    if config.backend:
+        raise ConfigError(f"ensemble '{name}' must not specify a backend")
+    if config.max_batch_size < 0:
+        raise ConfigError(f"model '{name}': max_batch_size must be >= 0")
+    _check_tensors(config, name)
+    del config.instance_group[:]
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+
+
+def is_ensemble(config: Any) -> bool:
+    return bool(config.platform == "ensemble")
 
 
 def _check_tensors(config: Any, name: str) -> None:

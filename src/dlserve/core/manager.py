@@ -11,7 +11,9 @@ Loading a model:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +23,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 from dlserve import errors
 from dlserve.core import config as cfg
 from dlserve.core.devices import gpu_count
+from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
+from dlserve.core.scheduler import Scheduler
 from dlserve.core.stats import ModelStats
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
+from dlserve.workers import client as worker_client
 from dlserve.workers.client import CallSink, WorkerBase
 from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
 
@@ -36,23 +41,37 @@ log = logging.getLogger("dlserve.models")
 @dataclass(slots=True)
 class ManagerOptions:
     in_process: bool = False
+    busy_poll_us: int = 0  # workers poll for requests this long before sleeping
     load_timeout: float = 300.0
     stop_timeout: float = 30.0
 
 
 @dataclass(slots=True)
 class ModelVersion:
+    """A loaded version: a pool of workers and its scheduler, or an ensemble's plan."""
+
     name: str
     version: int
     config: Any
-    pool: WorkerPool
     validator: RequestValidator
     stats: ModelStats
-    warned_cross_device: bool = False
+    pool: WorkerPool | None = None
+    scheduler: Scheduler | None = None
+    ensemble: EnsemblePlan | None = None
+    steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
 
     @property
     def ready(self) -> bool:
-        return self.pool.ready
+        if self.pool is not None:
+            return self.pool.ready
+        return self.steps_ready is not None and self.steps_ready()
+
+    async def stop(self, timeout: float) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.drain(timeout)
+            self.scheduler.stop()
+        if self.pool is not None:
+            await self.pool.stop(timeout)
 
     @property
     def decoupled(self) -> bool:
@@ -102,9 +121,11 @@ class ModelManager:
     ) -> None:
         self.repository = repository
         self.options = options
+        worker_client.set_busy_poll(options.busy_poll_us)
         self.custom = custom
         self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}
+        self._loading_ensembles: set[str] = set()
 
     def entry(self, name: str) -> ModelEntry | None:
         return self.models.get(name)
@@ -132,6 +153,8 @@ class ModelManager:
         source = self.repository.source(name, config_json)
         raw = source.config
         raw.name = raw.name or name
+        if cfg.is_ensemble(raw):
+            return await self._start_ensemble(source, raw)
         chosen = select_versions(source, raw)
         first: WorkerBase | None = await spawn_worker(
             f"{name}_autocomplete", self.options.in_process, self.custom.handle, self.calls
@@ -151,7 +174,7 @@ class ModelManager:
         except BaseException:
             if first is not None:
                 await first.stop(timeout=5.0)
-            await asyncio.gather(*(v.pool.stop(5.0) for v in versions.values()))
+            await asyncio.gather(*(v.stop(5.0) for v in versions.values()))
             raise
         return config, versions
 
@@ -201,7 +224,88 @@ class ModelManager:
         )
         await pool.start(first)
         stats = ModelStats(source.name, str(version))
-        return ModelVersion(source.name, version, config, pool, RequestValidator(config), stats)
+        scheduler = Scheduler(source.name, pool, config, stats)
+        return ModelVersion(
+            source.name, version, config, RequestValidator(config), stats, pool, scheduler
+        )
+
+    # -- ensembles ----------------------------------------------------------------------
+    async def _start_ensemble(
+        self, source: ModelSource, config: Any
+    ) -> tuple[Any, dict[int, ModelVersion]]:
+        """Check the plan and that every step's model is loaded (loading the ones never
+        loaded, as Triton does); the ensemble is READY while its steps are."""
+        cfg.normalize(config, source.name, gpu_count())
+        plan = plan_ensemble(config)
+        missing = [m for m in plan.models if m not in self.models and
+                   m not in self.repository.model_names()]  # fmt: skip
+        if missing:
+            raise cfg.ConfigError(
+                f"ensemble {source.name} contains models that are not available or "
+                f"ambiguous: {', '.join(missing)}"
+            )
+        for model in plan.models:
+            await self._require_step(source.name, model)
+        for step in plan.steps:
+            entry = self.models[step.model_name]
+            if step.model_version and int(step.model_version) not in entry.versions:
+                raise errors.UnavailableError(
+                    f"ensemble '{source.name}' depends on '{step.model_name}' whose required "
+                    f"version {step.model_version} is not loaded."
+                )
+        steps_ready = functools.partial(self._steps_ready, plan)
+        versions = {
+            v: ModelVersion(
+                source.name,
+                v,
+                config,
+                RequestValidator(config),
+                ModelStats(source.name, str(v)),
+                ensemble=plan,
+                steps_ready=steps_ready,
+            )
+            for v in select_versions(source, config)
+        }
+        return config, versions
+
+    async def _require_step(self, ensemble: str, model: str) -> None:
+        if model == ensemble or model in self._loading_ensembles:
+            raise cfg.ConfigError(f"circular dependency between ensembles: '{ensemble}'")
+        entry = self.models.get(model)
+        if entry is None:  # never loaded: load it now
+            self._loading_ensembles.add(ensemble)
+            try:
+                await self.load(model)
+            except errors.DlserveError:
+                pass
+            finally:
+                self._loading_ensembles.discard(ensemble)
+            entry = self.models[model]
+        else:
+            async with entry.lock:  # a load in progress: wait for its outcome
+                pass
+        if entry.state != ModelState.READY or not entry.versions:
+            why = (
+                f" Model '{model}' loading failed with error: {entry.reason}"
+                if entry.reason
+                else ""
+            )
+            raise errors.UnavailableError(
+                f"ensemble '{ensemble}' depends on '{model}' which has no loaded version.{why}"
+            )
+
+    def _steps_ready(self, plan: EnsemblePlan) -> bool:
+        for step in plan.steps:
+            entry = self.models.get(step.model_name)
+            if entry is None or entry.state != ModelState.READY:
+                return False
+            if step.model_version:
+                version = entry.versions.get(int(step.model_version))
+                if version is None or not version.ready:
+                    return False
+            elif entry.latest_ready() is None:
+                return False
+        return True
 
     async def unload(self, name: str) -> None:
         entry = self.models.get(name)
@@ -216,7 +320,7 @@ class ModelManager:
             return
         entry.state = ModelState.UNLOADING
         versions, entry.versions = entry.versions, {}
-        await asyncio.gather(*(v.pool.stop(self.options.stop_timeout) for v in versions.values()))
+        await asyncio.gather(*(v.stop(self.options.stop_timeout) for v in versions.values()))
 
     async def unload_all(self) -> None:
         await asyncio.gather(*(self.unload(name) for name in list(self.models)))

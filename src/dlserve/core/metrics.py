@@ -89,6 +89,14 @@ class TritonCollector(Collector):
                 labels = {"model": s.name, "reason": reason, "version": s.version}
                 failure.add_sample(failure.name, labels, s.failures_by_reason.get(reason, 0))
         yield failure
+        pending = Metric(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            "gauge",
+        )
+        for s in all_stats:
+            pending.add_sample(pending.name, {"model": s.name, "version": s.version}, s.pending)
+        yield pending
 
 
 @dataclass(slots=True)

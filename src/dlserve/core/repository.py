@@ -36,6 +36,13 @@ class Repository:
             return []
         return [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
 
+    def is_ensemble(self, name: str) -> bool:
+        """Whether the model's config.pbtxt says ``platform: "ensemble"`` (False if unreadable)."""
+        try:
+            return bool(read_config(self.root / name).platform == "ensemble")
+        except ConfigError:
+            return False
+
     def source(self, name: str, config_json: str | None = None) -> ModelSource:
         """Read a model's config and version folders; raises NotFoundError / ConfigError."""
         path = self.root / name
@@ -71,6 +78,8 @@ def select_versions(source: ModelSource, config: Any) -> list[int]:
             f"at least one version must be available under the version policy of model "
             f"'{source.name}'"
         )
+    if config.platform == "ensemble":
+        return chosen  # version folders with nothing in them: the server runs the steps
     for version in chosen:
         model_file = source.versions[version]
         if not model_file.is_file():

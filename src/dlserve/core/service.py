@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -14,12 +15,12 @@ from dlserve import __version__, errors
 from dlserve.core import cuda_check
 from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
+from dlserve.core.ensemble import run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.trace import TraceSettings
-from dlserve.ipc.messages import Timings
 from dlserve.types import (
     InferRequest,
     InferResponse,
@@ -33,7 +34,8 @@ from dlserve.types import (
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers.client import WorkerBase, WorkerReply
+from dlserve.workers.client import WorkerReply, WorkItem
+from dlserve.workers.placement import NO_SPANS
 
 log = logging.getLogger("dlserve")
 
@@ -46,11 +48,10 @@ class Call:
 
     chain: tuple[str, ...] = ()
     lease: RegionLease | None = None
-    lend: bool = False  # outputs stay in the callee's output arena for the caller to map
+    lend: bool = False  # outputs stay in the callee's memory for the caller to map
 
 
 NO_CALL: Final = Call()
-_NO_LEASE: Final = RegionLease({}, {}, [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,24 +62,6 @@ class StreamItem:
     error: errors.DlserveError | None
     final: bool
     model_version: str = ""
-
-
-def record_success(
-    loaded: ModelVersion, batch: int, received: int, timings: Timings | None
-) -> None:
-    """Count a finished request as Triton does (the worker's timestamps give the phases)."""
-    if timings is None:
-        return
-    now = time.monotonic_ns()
-    t = timings
-    loaded.stats.record_success(
-        batch if loaded.config.max_batch_size > 0 else 1,
-        now - received,
-        t.input_start - received,
-        t.infer_start - t.input_start,
-        t.infer_end - t.infer_start,
-        now - t.infer_end,
-    )
 
 
 EXTENSIONS = (
@@ -120,7 +103,10 @@ class InferenceService:
                 names = self.repository.model_names()
         else:
             names = self.repository.model_names()
-        await asyncio.gather(*(self._load_at_startup(name) for name in names))
+        ensembles = [n for n in names if self.repository.is_ensemble(n)]
+        await asyncio.gather(*(self._load_at_startup(n) for n in names if n not in ensembles))
+        for name in ensembles:  # after the models they are made of
+            await self._load_at_startup(name)
         self._started = True
 
     async def _load_at_startup(self, name: str) -> None:
@@ -210,8 +196,9 @@ class InferenceService:
 
     # -- inference ----------------------------------------------------------------------
     async def infer(self, request: InferRequest, call: Call = NO_CALL) -> InferResponse:
-        """Run a request of a model that answers once. ``call``: a BLS request's upstream
-        models and the regions its inputs are in."""
+        """Run one request of a model that answers once. When its caller is cancelled (the
+        client went away), a request still queued leaves the queue without being executed.
+        ``call``: a BLS request's upstream models and the memory its inputs are in."""
         received = time.monotonic_ns()
         loaded = self.version(request.model_name, request.model_version)
         if loaded.decoupled:
@@ -219,28 +206,28 @@ class InferenceService:
                 f"model '{request.model_name}' uses the decoupled transaction policy: use "
                 "the streaming endpoint"
             )
+        parameters: dict[str, Any] = {}
         try:
-            reply, batch = await self._run(loaded, request, call)
+            if loaded.ensemble is not None:
+                outputs = await self._run_ensemble(loaded, request, received)
+            else:
+                outputs, parameters = await self._run_model(loaded, request, received, call)
         except errors.DlserveError as exc:
-            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
-        except asyncio.CancelledError:  # the client went away
+        except asyncio.CancelledError:
             loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
             raise
-        record_success(loaded, batch, received, reply.timings)
-        return self._response(loaded, request, reply)
-
-    @staticmethod
-    def _response(loaded: ModelVersion, request: InferRequest, reply: WorkerReply) -> InferResponse:
-        shape = loaded.validator.output_shape
-        outputs = [
-            OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
-            for o in reply.outputs
-        ]
         return InferResponse(
-            request.model_name, str(loaded.version), request.id, outputs, dict(reply.parameters)
+            request.model_name, str(loaded.version), request.id, outputs, parameters
         )
+
+    async def _run_model(
+        self, loaded: ModelVersion, request: InferRequest, received: int, call: Call = NO_CALL
+    ) -> tuple[list[OutputTensor], dict[str, Any]]:
+        reply, batch = await self._run(loaded, request, call=call)
+        self._record(loaded, reply, batch, received)
+        return _outputs(loaded, reply), dict(reply.parameters)
 
     async def infer_stream(
         self, request: InferRequest, call: Call = NO_CALL
@@ -263,80 +250,113 @@ class InferenceService:
     async def _run_decoupled(
         self, loaded: ModelVersion, request: InferRequest, call: Call
     ) -> AsyncGenerator[StreamItem, None]:
+        """A decoupled model's request goes to its least busy instance directly (not through
+        the scheduler's queue: no batching or priorities for decoupled models yet)."""
         received = time.monotonic_ns()
         lease = call.lease if call.lease is not None else self.regions.lease(request)
         try:
             inputs, _ = loaded.validator.check(request)
-            worker = loaded.pool.pick() if lease is None else self._pick_for(loaded, lease.device)
-            spans = _NO_LEASE if lease is None else lease
+            assert loaded.pool is not None
+            worker, _ = loaded.pool.pick_on(None if lease is None else lease.device)
             if lease is not None:
                 lease.bind(worker)
-            outputs = [o.name for o in request.outputs]
-            responses = worker.infer_stream(
-                request.id, inputs, outputs, request.parameters, spans.inputs, spans.outputs,
-                chain=list(call.chain), lend=call.lend,
-            )  # fmt: skip
+            item = WorkItem(request.id, inputs, [o.name for o in request.outputs],
+                            request.parameters, lease.inputs if lease else NO_SPANS,
+                            lease.outputs if lease else NO_SPANS, list(call.chain),
+                            call.lend)  # fmt: skip
+            responses = worker.infer_stream(item)
             async with contextlib.aclosing(responses):
                 async for each in responses:
-                    if each.final:
-                        record_success(loaded, 1, received, each.timings)
-                    response = None if each.reply is None else self._response(
-                        loaded, request, each.reply
-                    )  # fmt: skip
+                    if each.final and each.timings is not None:
+                        self._record(loaded, WorkerReply([], each.timings), 1, received)
+                    response = None
+                    if each.reply is not None:
+                        response = InferResponse(
+                            request.model_name, str(loaded.version), request.id,
+                            _outputs(loaded, each.reply), dict(each.reply.parameters),
+                        )  # fmt: skip
                     yield StreamItem(response, each.error, each.final, str(loaded.version))
         except errors.DlserveError as exc:
-            reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-            loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             yield StreamItem(None, exc, True)
         finally:
             if lease is not None:
                 self.regions.release(lease)
 
+    @staticmethod
+    def _record(loaded: ModelVersion, reply: WorkerReply, batch: int, received: int) -> None:
+        t = reply.timings
+        if t is None:
+            return
+        now = time.monotonic_ns()
+        loaded.stats.record_request(
+            batch if loaded.config.max_batch_size > 0 else 1,
+            now - received,
+            t.input_start - received,
+            t.infer_start - t.input_start,
+            t.infer_end - t.infer_start,
+            now - t.infer_end,
+        )
+
     async def _run(
-        self, loaded: ModelVersion, request: InferRequest, call: Call = NO_CALL
-    ) -> tuple[WorkerReply, int]:
+        self, loaded: ModelVersion, request: InferRequest, *, keep: bool = False,
+        call: Call = NO_CALL,
+    ) -> tuple[WorkerReply, int]:  # fmt: skip
         """Check the request and run it on an instance: the reply, and the batch size.
 
         The regions it names are checked first (as Triton does) and stay in use until it
         is done, so that unregistering one meanwhile cannot unmap it under the model.
         """
+        assert loaded.scheduler is not None
         lease = call.lease if call.lease is not None else self.regions.lease(request)
-        chain = list(call.chain) if call.chain else None
         try:
             inputs, batch = loaded.validator.check(request)
             outputs = [o.name for o in request.outputs]
-            if lease is None:
-                worker = loaded.pool.pick()
-                reply = await worker.infer(
-                    request.id, inputs, outputs, request.parameters, chain=chain, lend=call.lend
-                )
-                return reply, batch
-            worker = self._pick_for(loaded, lease.device)
-            lease.bind(worker)
-            reply = await worker.infer(
-                request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs,
-                chain=chain, lend=call.lend,
+            job = loaded.scheduler.job(
+                request.id, inputs, outputs, request.parameters, batch, lease, keep=keep,
+                chain=list(call.chain), lend=call.lend,
             )  # fmt: skip
-            return reply, batch
+            return await loaded.scheduler.run(job), batch
         finally:
             if lease is not None:
                 self.regions.release(lease)
 
-    def _pick_for(self, loaded: ModelVersion, device: int | None) -> WorkerBase:
-        """An instance on the GPU of the request's CUDA input when the model has one;
-        otherwise any, served across devices (said once, and counted)."""
-        worker, same_device = loaded.pool.pick_on(device)
-        if not same_device:
-            loaded.stats.cross_device += 1
-            if not loaded.warned_cross_device:
-                loaded.warned_cross_device = True
-                log.warning(
-                    "model '%s' version %s has no instance on GPU %s, where a request's CUDA "
-                    "input is: it is served across devices (counted in "
-                    "dlserve_cross_device_requests_total; said once)",
-                    loaded.name, loaded.version, device,
-                )  # fmt: skip
-        return worker
+    async def _run_ensemble(
+        self, loaded: ModelVersion, request: InferRequest, received: int
+    ) -> list[OutputTensor]:
+        assert loaded.ensemble is not None
+        inputs, batch = loaded.validator.check(request)
+        outputs = await run_ensemble(loaded.ensemble, request, inputs, self._run_step)
+        total = time.monotonic_ns() - received
+        loaded.stats.record_request(batch if loaded.config.max_batch_size > 0 else 1,
+                                    total, 0, 0, 0, 0)  # fmt: skip
+        loaded.stats.execution_count += 1
+        return outputs
+
+    async def _run_step(
+        self, request: InferRequest
+    ) -> tuple[list[OutputTensor], Callable[[], None]]:
+        """One ensemble step, counted in its model's statistics; its outputs stay in the
+        worker's output arena until the returned callable gives them back."""
+        received = time.monotonic_ns()
+        loaded = self.version(request.model_name, request.model_version)
+        if loaded.ensemble is not None:
+            response = await self.infer(request)
+            return response.outputs, _nothing
+        try:
+            reply, batch = await self._run(loaded, request, keep=True)
+        except errors.DlserveError as exc:
+            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
+            raise
+        self._record(loaded, reply, batch, received)
+        outputs = [
+            OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
+            for o in reply.outputs
+        ]
+        worker, held = reply.worker, reply.held
+        if worker is None or not held:
+            return outputs, _nothing
+        return outputs, functools.partial(worker.release_outputs, held)
 
     # -- system and CUDA shared memory --------------------------------------------------
     def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
@@ -429,3 +449,21 @@ class InferenceService:
         if self.log_settings["log_verbose_level"]:
             level = logging.DEBUG
         logging.getLogger("dlserve").setLevel(level)
+
+
+def _reason(exc: errors.DlserveError) -> str:
+    """Triton's failure label for a request that failed with ``exc``."""
+    return "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
+
+
+def _nothing() -> None:
+    """An ensemble step whose outputs hold nothing that must be given back."""
+
+
+def _outputs(loaded: ModelVersion, reply: WorkerReply) -> list[OutputTensor]:
+    """A reply's outputs with the shapes the client sees; lent ones stay lent (BLS)."""
+    shape = loaded.validator.output_shape
+    return [
+        OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
+        for o in reply.outputs
+    ]

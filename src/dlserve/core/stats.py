@@ -50,6 +50,7 @@ class ModelStats:
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     cross_device: int = 0  # requests whose CUDA input is on a GPU without an instance
     batches: dict[int, _Batch] = field(default_factory=dict)
+    pending: int = 0  # requests waiting in the scheduler's queue now
 
     def record_success(
         self,
@@ -60,14 +61,33 @@ class ModelStats:
         infer_ns: int,
         output_ns: int,
     ) -> None:
+        """A request that was executed alone."""
+        self.record_request(batch_size, total_ns, queue_ns, input_ns, infer_ns, output_ns)
+        self.record_execution(batch_size, input_ns, infer_ns, output_ns)
+
+    def record_request(
+        self,
+        batch_size: int,
+        total_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """One successful request (``batch_size`` inferences), however it was executed."""
         self.success.add(total_ns)
         self.queue.add(queue_ns)
         self.compute_input.add(input_ns)
         self.compute_infer.add(infer_ns)
         self.compute_output.add(output_ns)
         self.inference_count += batch_size
-        self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_execution(
+        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One execute() call of the model over ``batch_size`` inferences in all."""
+        self.execution_count += 1
         batch = self.batches.get(batch_size)
         if batch is None:
             batch = self.batches[batch_size] = _Batch()

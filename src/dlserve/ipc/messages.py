@@ -133,6 +133,30 @@ class DropArenas(_Msg, tag=10):
     arenas: list[int]
 
 
+class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One request of an :class:`InferBatch`; its fields mean what :class:`Infer`'s do."""
+
+    rid: int
+    request_id: str
+    inputs: list[TensorRef]
+    outputs: list[str]
+    parameters: dict[str, ParamValue] = {}
+    output_regions: list[TensorRef] = []
+    chain: list[str] = []  # BLS: the models upstream of this request, callers first
+    lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
+
+
+class InferBatch(_Msg, tag=20):
+    """Several requests for one ``execute(requests)`` call (dynamic batching).
+
+    The PAYLOAD offsets of every item's inputs count from the start of this frame's
+    payload. The worker answers with one :class:`InferDone` per item, each in its own frame.
+    """
+
+    items: list[BatchItem]
+    release: list[int] = []
+
+
 ServerToWorker = (
     Load
     | Infer
@@ -144,6 +168,7 @@ ServerToWorker = (
     | BlsReply
     | ControlReply
     | DropArenas
+    | InferBatch
 )
 
 # ---- worker -> server -----------------------------------------------------------------

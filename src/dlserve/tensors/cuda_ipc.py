@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from dataclasses import dataclass
 from typing import Any, Final
 
 HANDLE_SIZE: Final = 64  # sizeof(cudaIpcMemHandle_t)
@@ -149,19 +148,18 @@ def _handle(raw: bytes) -> Any:
     return handle
 
 
-def open_handle(raw: bytes, device: int) -> int:
+def open_handle(raw: bytes, device: int, peer_access: bool = True) -> int:
     """Map another process's allocation into this one, in ``device``'s context.
 
     The pointer is the start of the exporter's allocation. Each open costs about 470 us
     the first time: callers cache the pointer and close it once (:func:`close_handle`).
+    Without ``peer_access`` the open fails unless the memory is on ``device`` itself.
     """
     runtime = _runtime()
     handle = _handle(raw)
+    flags = runtime.cudaIpcMemLazyEnablePeerAccess if peer_access else 0
     with on_device(device):
-        ptr = _check(
-            "cudaIpcOpenMemHandle",
-            runtime.cudaIpcOpenMemHandle(handle, runtime.cudaIpcMemLazyEnablePeerAccess),
-        )
+        ptr = _check("cudaIpcOpenMemHandle", runtime.cudaIpcOpenMemHandle(handle, flags))
     return int(ptr)
 
 
@@ -170,29 +168,21 @@ def close_handle(ptr: int, device: int) -> None:
         _check("cudaIpcCloseMemHandle", _runtime().cudaIpcCloseMemHandle(ptr))
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    base: int
-    size: int
-    device: int  # the device the memory lives on
+def allocation_size(raw: bytes, device: int) -> int:
+    """The size of the allocation a handle names: opened in ``device``'s context, asked,
+    closed again.
 
-
-def allocation_of(ptr: int) -> Allocation:
-    """The allocation that ``ptr`` points into, and the device it lives on."""
-    driver = _driver()
-    base, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
-    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    device = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
-    return Allocation(int(base), int(size), int(device))
-
-
-def inspect_handle(raw: bytes, device: int) -> Allocation:
-    """Open a handle on ``device``, describe its allocation, close it again."""
-    ptr = open_handle(raw, device)
-    try:
-        return allocation_of(ptr)
-    finally:
-        close_handle(ptr, device)
+    Which GPU the memory is on cannot be asked: for an IPC mapping CUDA reports the device
+    that opened it (cudaPointerGetAttributes) or 0 (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL),
+    measured on an H200 pair. The registration's device_id is trusted, as Triton does.
+    """
+    with on_device(device):
+        ptr = open_handle(raw, device)
+        try:
+            _, size = _check("cuMemGetAddressRange", _driver().cuMemGetAddressRange(ptr))
+        finally:
+            close_handle(ptr, device)
+    return int(size)
 
 
 # --- copies and memory ------------------------------------------------------------------
@@ -275,18 +265,24 @@ def unpin_host_memory(address: int) -> None:
 # --- BLS: memory handed to another worker (added with BLS) -------------------------------
 
 
-def export_handle(ptr: int) -> tuple[bytes, int, Allocation]:
-    """The IPC handle of the allocation ``ptr`` points into, ``ptr``'s offset in it, and
-    the allocation, once the work queued on the legacy stream is done (another process
-    reads the memory next). Only ``cudaMalloc`` memory has such a handle (torch's caching
-    allocator's does; stream-ordered pool memory, as ``DeviceBuffer``'s, does not)."""
-    allocation = allocation_of(ptr)
-    runtime = _runtime()
-    synchronize(allocation.device)
-    with on_device(allocation.device):
-        handle = _check("cudaIpcGetMemHandle", runtime.cudaIpcGetMemHandle(allocation.base))
+def address_range(ptr: int) -> tuple[int, int]:
+    """The base and size of the allocation (or IPC mapping) ``ptr`` points into."""
+    base, size = _check("cuMemGetAddressRange", _driver().cuMemGetAddressRange(ptr))
+    return int(base), int(size)
+
+
+def export_handle(ptr: int, device: int) -> tuple[bytes, int, int]:
+    """The IPC handle of the allocation ``ptr`` (on ``device``) points into, ``ptr``'s
+    offset in it, and the allocation's base, once the work queued on the legacy stream is
+    done (another process reads the memory next). Only ``cudaMalloc`` memory has such a
+    handle (torch's caching allocator's does; stream-ordered pool memory, as
+    ``DeviceBuffer``'s, does not)."""
+    synchronize(device)
+    with on_device(device):
+        base, _ = address_range(ptr)
+        handle = _check("cudaIpcGetMemHandle", _runtime().cudaIpcGetMemHandle(base))
     raw = ctypes.string_at(handle.getPtr(), HANDLE_SIZE)
-    return raw, ptr - allocation.base, allocation
+    return raw, ptr - base, base
 
 
 def synchronize(device: int) -> None:

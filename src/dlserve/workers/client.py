@@ -1,9 +1,10 @@
 """The server's handle on one worker: start it, send it requests, notice its death.
 
-:class:`WorkerBase` speaks the frames: requests out (``infer``, ``infer_stream`` for a
-decoupled model), replies and a worker's own calls (metrics, BLS) in. The two kinds of
-worker (a process, or a thread for tests and ``--debug``) are in ``processes.py``; the
-memory workers lend each other for BLS in ``lending.py``.
+:class:`SubprocessWorker` runs the worker as ``python -m dlserve.workers.main``
+over a socketpair; :class:`InProcessWorker` runs the very same loop in a
+thread (tests, ``--debug``). Both speak the same frames. A worker's own calls (metrics,
+BLS) come in on the same connection; the memory workers lend each other for BLS is in
+``lending.py``.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ import asyncio
 import itertools
 import os
 import socket
-from collections.abc import AsyncGenerator, Callable, Mapping
+import sys
+import threading
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from dlserve import errors
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
-from dlserve.ipc.channel import AsyncChannel
+from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import Arena, ShmSegment
-from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor, RegionSpan
+from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
 from dlserve.workers.lending import ArenaLending
+from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
 
-INLINE_INPUT_LIMIT: Final = 64 * 1024
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
@@ -36,6 +39,36 @@ class WorkerReply:
     outputs: list[OutputTensor]
     timings: m.Timings | None
     parameters: dict[str, m.ParamValue] = field(default_factory=dict)
+    held: list[int] = field(default_factory=list)  # output-arena offsets still viewed
+    worker: WorkerBase | None = None  # whose output arena ``held`` is in
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One request as an instance receives it. Inputs without data are in client
+    regions (``input_spans``, by name); outputs named in ``output_spans`` are written
+    into client regions."""
+
+    request_id: str
+    inputs: list[InputTensor]
+    outputs: list[str]  # requested output names; empty: all the model produces
+    parameters: dict[str, m.ParamValue]
+    input_spans: Mapping[str, Span] = field(default_factory=dict)
+    output_spans: Mapping[str, Span] = field(default_factory=dict)
+    chain: list[str] = field(default_factory=list)  # BLS: the models upstream of it
+    lend: bool = False  # BLS: outputs stay in the worker's memory for the caller to map
+
+
+# What becomes of one request sent to a worker: its reply frame, or the worker's death.
+Outcome = tuple[m.InferDone, memoryview] | errors.DlserveError
+ReplyCallback = Callable[[Outcome], None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    callback: ReplyCallback
+    arena_offsets: list[int]
+    stream: Callable[[m.StreamResponse, memoryview], None] | None = None  # decoupled
 
 
 @dataclass(slots=True)
@@ -48,17 +81,6 @@ class StreamReply:
     timings: m.Timings | None = None  # with the final one
 
 
-StreamItem = tuple[m.StreamResponse, memoryview] | errors.DlserveError
-
-
-@dataclass(slots=True)
-class _Pending:
-    future: asyncio.Future[tuple[m.InferDone, memoryview]] | None
-    arena_offsets: list[int]
-    stream: asyncio.Queue[StreamItem] | None = None  # a decoupled request's responses
-    abandoned: bool = False  # its consumer is gone: responses are dropped as they come
-
-
 class CallSink(Protocol):
     """Where a worker's BLS and model-control calls go (the core)."""
 
@@ -67,37 +89,46 @@ class CallSink(Protocol):
     def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None: ...
 
 
-Span = RegionSpan | ArenaSpan | CudaSpan
-_NO_SPANS: Final[Mapping[str, Span]] = {}
-
-
-def _region_ref(
-    name: str, datatype: str, span: Span, shape: list[int] | None = None
-) -> m.TensorRef:
-    """A tensor in (or an output going to) a client region (system or CUDA), or in another
-    worker's memory (a BLS caller's); ``nbytes`` is the span's size."""
-    if isinstance(span, CudaSpan):
-        return m.TensorRef(
-            name, datatype, shape or [], m.Where.CUDA_IPC, span.offset, span.byte_size,
-            handle=span.handle, device=span.device,
-        )  # fmt: skip
-    if isinstance(span, ArenaSpan):
-        return m.TensorRef(
-            name, datatype, shape or [], m.Where.PEER_ARENA, span.offset, span.byte_size,
-            span.arena_id, span.path,
-        )  # fmt: skip
-    if span.is_cuda:
-        return m.TensorRef(
-            name, datatype, shape or [], m.Where.CUDA_REGION, span.offset, span.byte_size,
-            span.region_id, handle=span.handle, device=span.device,
-        )  # fmt: skip
-    return m.TensorRef(
-        name, datatype, shape or [], m.Where.CLIENT_REGION, span.offset, span.byte_size,
-        span.region_id, span.key,
-    )  # fmt: skip
-
-
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
+_busy_poll_us = 0
+
+
+def set_busy_poll(microseconds: int) -> None:
+    """Trade CPU for latency (``--busy-poll-us``): workers started from now on poll for
+    their next frame this long before sleeping, and while requests are in flight the
+    server's loop polls for replies instead of sleeping (waking a sleeping process costs
+    tens to hundreds of microseconds, measured on an H200 host)."""
+    global _busy_poll_us
+    if microseconds < 0:
+        raise ValueError("busy polling time must be >= 0 microseconds")
+    _busy_poll_us = microseconds
+
+
+class _Spinner:
+    """While workers have requests in flight, keep the event loop polling (a callback
+    that reschedules itself makes the loop poll its selector without sleeping), so a
+    reply is read as soon as it arrives instead of after the loop thread wakes up."""
+
+    def __init__(self) -> None:
+        self._waiting: list[dict[int, _Pending]] = []
+        self._running = False
+
+    def hold(self, pending: dict[int, _Pending]) -> None:
+        if pending not in self._waiting:
+            self._waiting.append(pending)
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().call_soon(self._spin)
+
+    def _spin(self) -> None:
+        self._waiting = [p for p in self._waiting if p]
+        if self._waiting:
+            asyncio.get_running_loop().call_soon(self._spin)
+        else:
+            self._running = False
+
+
+_spinner = _Spinner()
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
@@ -139,8 +170,7 @@ class WorkerBase(ArenaLending):
             if pending is not None:
                 for offset in pending.arena_offsets:
                     self.input_arena.free(offset)
-                if pending.future is not None and not pending.future.done():
-                    pending.future.set_result((msg, payload))
+                pending.callback((msg, payload))
         elif isinstance(msg, m.StreamResponse):
             self._on_stream_response(msg, payload)
         elif isinstance(msg, m.MetricFamilyDef | m.MetricOp | m.MetricValueCall):
@@ -165,12 +195,7 @@ class WorkerBase(ArenaLending):
             del self._pending[msg.rid]
             for offset in pending.arena_offsets:  # the model may read its inputs until now
                 self.input_arena.free(offset)
-        if pending.abandoned:
-            for ref in msg.outputs:
-                if ref.where == m.Where.OUTPUT_ARENA:
-                    self._schedule_release(ref.offset)
-            return
-        pending.stream.put_nowait((msg, payload))
+        pending.stream(msg, payload)
 
     def send_answer(self, msg: m.BlsReply | m.ControlReply, payload: list[memoryview]) -> None:
         """Answer a call this worker made (dropped when it has died meanwhile)."""
@@ -193,12 +218,9 @@ class WorkerBase(ArenaLending):
         await self._reaped(REAP_TIMEOUT_S)
         reason = self.death_reason()
         failure = errors.WorkerDiedError(reason)
-        for pending in self._pending.values():
-            if pending.stream is not None:
-                pending.stream.put_nowait(failure)
-            elif pending.future is not None and not pending.future.done():
-                pending.future.set_exception(failure)
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        for one in pending.values():
+            one.callback(failure)
         if self._control is not None and not self._control.done():
             self._control.set_exception(failure)
         self._give_back_all()  # what it mapped of other workers' outputs
@@ -251,78 +273,91 @@ class WorkerBase(ArenaLending):
         inputs: list[InputTensor],
         outputs: list[str],
         parameters: dict[str, m.ParamValue],
-        input_spans: Mapping[str, Span] = _NO_SPANS,
-        output_spans: Mapping[str, Span] = _NO_SPANS,
-        chain: list[str] | None = None,
-        lend: bool = False,
+        input_spans: Mapping[str, Span] = NO_SPANS,
+        output_spans: Mapping[str, Span] = NO_SPANS,
     ) -> WorkerReply:
-        """Run one request. Inputs without data are in client regions (``input_spans``,
-        by name); outputs named in ``output_spans`` are written into client regions.
-        ``chain``: the models upstream of a BLS request; ``lend``: outputs in the output
-        arena stay there for the caller to map (see :meth:`arena_span`)."""
-        channel = self._channel
-        if channel is None:
-            raise errors.WorkerDiedError(self.death_reason())
-        rid = next(self._rids)
-        refs, payload, offsets = self._place_inputs(inputs, input_spans)
-        future: asyncio.Future[tuple[m.InferDone, memoryview]]
-        future = asyncio.get_running_loop().create_future()
-        self._pending[rid] = _Pending(future, offsets)
-        release, self._release = self._release, []
-        msg = m.Infer(rid, request_id, refs, outputs, parameters, release)
-        if output_spans:
-            msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
-        if chain:
-            msg.chain = chain
-        msg.lend = lend
-        channel.send(msg, payload)
-        try:
-            done, payload_back = await future
-        except asyncio.CancelledError:
-            self.cancel(rid)
-            raise
-        return self._reply(done, payload_back, lend)
+        """Run one request now (see :class:`WorkItem`), whatever else is in flight."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
 
-    async def infer_stream(
-        self,
-        request_id: str,
-        inputs: list[InputTensor],
-        outputs: list[str],
-        parameters: dict[str, m.ParamValue],
-        input_spans: Mapping[str, Span] = _NO_SPANS,
-        output_spans: Mapping[str, Span] = _NO_SPANS,
-        chain: list[str] | None = None,
-        lend: bool = False,
-    ) -> AsyncGenerator[StreamReply, None]:
-        """Run one request of a decoupled model: its responses as they come, the last one
-        final. Leaving early (the client went away) tells the model: ``is_cancelled()``."""
+        def resolve(outcome: Outcome) -> None:
+            if future.done():  # its caller gave up: the reply's arena space goes back
+                self.discard(outcome)
+            else:
+                future.set_result(outcome)
+
+        item = WorkItem(request_id, inputs, outputs, parameters, input_spans, output_spans)
+        (rid,) = self.submit([item], [resolve])
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.discard(future.result())
+            else:
+                self.cancel(rid)  # the model sees is_cancelled()
+            raise
+        if isinstance(outcome, errors.DlserveError):
+            raise outcome
+        return self.read_reply(*outcome)
+
+    def submit(self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback]) -> list[int]:
+        """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
+        (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
+        the worker is gone."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
-        rid = next(self._rids)
-        refs, payload, offsets = self._place_inputs(inputs, input_spans)
-        pending = _Pending(None, offsets, asyncio.Queue())
-        self._pending[rid] = pending
+        payload: list[memoryview] = []
+        inline = 0
+        placed: list[Placed] = []
+        try:
+            for item in items:
+                refs, inline, offsets = place_inputs(
+                    self.input_arena, item.inputs, item.input_spans, payload, inline
+                )
+                placed.append((next(self._rids), item, refs, offsets))
+        except BaseException:
+            for _, _, _, offsets in placed:
+                for offset in offsets:
+                    self.input_arena.free(offset)
+            raise
+        for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
+            self._pending[rid] = _Pending(callback, offsets)
+        if _busy_poll_us:
+            _spinner.hold(self._pending)
         release, self._release = self._release, []
-        msg = m.Infer(rid, request_id, refs, outputs, parameters, release, chain=chain or [],
-                      lend=lend)  # fmt: skip
-        if output_spans:
-            msg.output_regions = [_region_ref(n, "", s) for n, s in output_spans.items()]
-        channel.send(msg, payload)
+        channel.send(infer_message(placed, release), payload)
+        return [rid for rid, _, _, _ in placed]
+
+    async def infer_stream(self, item: WorkItem) -> AsyncGenerator[StreamReply, None]:
+        """Run one request of a decoupled model: its responses as they come, the last one
+        final. Leaving early (the client went away) tells the model: ``is_cancelled()``;
+        responses still coming are dropped (their arena space goes back)."""
+        queue: asyncio.Queue[StreamReply] = asyncio.Queue()
+        abandoned = False
+
+        def on_response(frame: m.StreamResponse, payload: memoryview) -> None:
+            if abandoned:
+                self.release_outputs(
+                    [r.offset for r in frame.outputs if r.where == m.Where.OUTPUT_ARENA]
+                )
+                return
+            queue.put_nowait(self._stream_reply(frame, payload, item.lend))
+
+        def on_death(outcome: Outcome) -> None:  # a stream ends with StreamResponses only
+            if isinstance(outcome, errors.DlserveError):
+                queue.put_nowait(StreamReply(None, outcome, True))
+
+        (rid,) = self.submit([item], [on_death])
+        self._pending[rid].stream = on_response
         final = False
         try:
             while not final:
-                item = await pending.stream.get()  # type: ignore[union-attr]
-                if isinstance(item, errors.DlserveError):
-                    final = True
-                    yield StreamReply(None, item, True)
-                    return
-                frame, data = item
-                final = frame.final
-                yield self._stream_reply(frame, data, lend)
+                reply = await queue.get()
+                final = reply.final
+                yield reply
         finally:
             if not final:
-                pending.abandoned = True
+                abandoned = True
                 self.cancel(rid)
 
     def _stream_reply(
@@ -334,10 +369,12 @@ class WorkerBase(ArenaLending):
         if not frame.has_response:
             return StreamReply(None, None, frame.final, frame.timings)
         done = m.InferDone(frame.rid, frame.outputs, parameters=frame.parameters)
-        return StreamReply(self._reply(done, payload, lend), None, frame.final, frame.timings)
+        return StreamReply(self.read_reply(done, payload, lend=lend), None, frame.final,
+                           frame.timings)  # fmt: skip
 
     def cancel(self, rid: int) -> None:
-        """The client of request ``rid`` has gone: the model sees ``is_cancelled()``."""
+        """The client of request ``rid`` has gone: the model sees ``is_cancelled()``, and
+        a request that has not started is not run."""
         if self._channel is not None and rid in self._pending:
             self._channel.send(m.Cancel(rid))
 
@@ -346,58 +383,55 @@ class WorkerBase(ArenaLending):
         if self._channel is not None:
             self._channel.send(m.UnmapRegions(regions))
 
-    def _place_inputs(
-        self, inputs: list[InputTensor], spans: Mapping[str, Span]
-    ) -> tuple[list[m.TensorRef], list[memoryview], list[int]]:
-        refs: list[m.TensorRef] = []
-        payload: list[memoryview] = []
-        offsets: list[int] = []
-        inline_offset = 0
-        for tensor in inputs:
-            data = tensor.data
-            if data is None:  # in a client's region: the worker maps it, nothing to copy
-                refs.append(_region_ref(tensor.name, tensor.datatype, spans[tensor.name],
-                                        list(tensor.shape)))  # fmt: skip
-                continue
-            nbytes = data.nbytes
-            arena_offset = self.input_arena.alloc(nbytes) if nbytes > INLINE_INPUT_LIMIT else None
-            if arena_offset is None:  # small, or no arena space: inline in the frame
-                where, offset = m.Where.PAYLOAD, inline_offset
-                payload.append(data)
-                inline_offset += nbytes
-            else:  # the one copy, into the shared memory the worker maps
-                where, offset = m.Where.INPUT_ARENA, arena_offset
-                self.input_arena.view(arena_offset, nbytes)[:] = data.cast("B")
-                offsets.append(arena_offset)
-            ref = m.TensorRef(
-                tensor.name, tensor.datatype, list(tensor.shape), where, offset, nbytes
-            )
-            refs.append(ref)
-        return refs, payload, offsets
-
-    def _reply(self, done: m.InferDone, payload: memoryview, lend: bool = False) -> WorkerReply:
+    def read_reply(
+        self, done: m.InferDone, payload: memoryview, *, keep: bool = False, lend: bool = False
+    ) -> WorkerReply:
+        """The reply's outputs; raises the model's error. Outputs in the output arena are
+        copied out, or with ``keep`` viewed in place and listed in ``held`` (give them
+        back with :meth:`release_outputs` once nothing reads them), or with ``lend`` left
+        for a BLS caller to map (``OutputTensor.lent``; it gives them back)."""
         if done.error_code:
             raise errors.ModelError(done.error, errors.ErrorCode(done.error_code))
         outputs = []
+        held: list[int] = []
         for ref in done.outputs:
             data: bytes | memoryview | None
             lent: ArenaSpan | CudaSpan | None = None
             if ref.where == m.Where.PAYLOAD:
                 data = payload[ref.offset : ref.offset + ref.nbytes]
-            elif ref.where == m.Where.OUTPUT_ARENA and lend:  # released by the BLS caller
+            elif ref.where == m.Where.OUTPUT_ARENA and lend:
                 data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
             elif ref.where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
                 data = None
                 lent = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes, ref.lend,
                                 self.arena_ids[1])  # fmt: skip
             elif ref.where == m.Where.OUTPUT_ARENA:
-                data = bytes(self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes])
-                self._schedule_release(ref.offset)
+                view = self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
+                if keep:
+                    data = view
+                    held.append(ref.offset)
+                else:
+                    data = bytes(view)
+                    self._schedule_release(ref.offset)
             else:
                 data = None
             shape = tuple(ref.shape)
             outputs.append(OutputTensor(ref.name, ref.datatype, shape, data, lent=lent))
-        return WorkerReply(outputs, done.timings, done.parameters)
+        return WorkerReply(outputs, done.timings, done.parameters, held, self if held else None)
+
+    def discard(self, outcome: Outcome) -> None:
+        """A reply nobody will read: its output-arena space (and lent GPU outputs) go back
+        to the worker."""
+        if isinstance(outcome, tuple):
+            outputs = outcome[0].outputs
+            self.release_outputs([r.offset for r in outputs if r.where == m.Where.OUTPUT_ARENA])
+            for ref in outputs:
+                if ref.where == m.Where.CUDA_IPC and ref.lend:
+                    self.release_lent(-ref.lend)
+
+    def release_outputs(self, offsets: list[int]) -> None:
+        for offset in offsets:
+            self._schedule_release(offset)
 
     def _schedule_release(self, offset: int) -> None:
         """Output-arena space goes back with the next Infer, or in a Release of its own."""
@@ -430,3 +464,91 @@ class WorkerBase(ArenaLending):
         self._stop_lending()
         self.input_segment.close()
         self.output_segment.close()
+
+
+class SubprocessWorker(WorkerBase):
+    """A worker in its own process."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def spawn(self, env: dict[str, str] | None = None) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        in_fd, out_fd = self.input_segment.fd, self.output_segment.fd
+        assert in_fd is not None and out_fd is not None
+        command = [sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
+                   "--input-arena-fd", str(in_fd), "--output-arena-fd", str(out_fd),
+                   "--busy-poll-us", str(_busy_poll_us)]  # fmt: skip
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:  # the arenas' memfds stay open: other workers map them through /proc (BLS)
+            theirs.close()
+        await self._connect(ours)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def death_reason(self) -> str:
+        code = None if self.process is None else self.process.returncode
+        how = "" if code is None else (f" (signal {-code})" if code < 0 else f" (exit code {code})")
+        return f"model instance '{self.label}' exited unexpectedly{how}"
+
+    async def _reaped(self, timeout: float) -> None:
+        if self.process is not None:
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    async def _terminate(self, timeout: float) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        try:
+            await asyncio.wait_for(process.wait(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+class InProcessWorker(WorkerBase):
+    """The worker loop in a thread of the server process (tests, ``--debug``)."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self._thread: threading.Thread | None = None
+
+    async def spawn(self, env: dict[str, str] | None = None) -> None:
+        from dlserve.workers.main import install_pb_utils, serve
+
+        install_pb_utils()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel: BlockingChannel[m.ServerToWorker] = BlockingChannel(theirs, codec.to_worker)
+        arenas = (self._share(self.input_segment), self._share(self.output_segment))
+
+        def run() -> None:
+            try:
+                serve(channel, arenas)
+            except ChannelClosed:
+                pass
+            finally:
+                channel.close()
+
+        self._thread = threading.Thread(target=run, name=f"worker-{self.label}", daemon=True)
+        self._thread.start()
+        await self._connect(ours)
+
+    @staticmethod
+    def _share(segment: ShmSegment) -> ShmSegment:
+        """The worker thread's own mapping of a segment, as a worker process would have."""
+        assert segment.fd is not None
+        return ShmSegment.from_fd(os.dup(segment.fd), segment.name)
+
+    async def _terminate(self, timeout: float) -> None:
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout)

@@ -15,11 +15,11 @@ from dlserve.backend.errors import TritonModelException
 from dlserve.ipc import messages as m
 
 if TYPE_CHECKING:
-    from dlserve.workers.runner import ModelRunner
+    from dlserve.workers.runner import Item, ModelRunner
 
 
 def decoupled_request(
-    runner: ModelRunner, worker: link.WorkerLink, msg: m.Infer, payload: memoryview, start: int
+    runner: ModelRunner, worker: link.WorkerLink, msg: Item, payload: memoryview, start: int
 ) -> None:
     """Run one request of a decoupled model: execute returns None and the responses go out
     through the request's sender, as StreamResponse frames, from any thread of the model.
@@ -54,9 +54,7 @@ def decoupled_request(
 class _Stream:
     """The responses of one decoupled request on their way to the server."""
 
-    def __init__(
-        self, runner: ModelRunner, worker: link.WorkerLink, msg: m.Infer, start: int
-    ) -> None:
+    def __init__(self, runner: ModelRunner, worker: link.WorkerLink, msg: Item, start: int) -> None:
         self.runner = runner
         self.worker = worker
         self.msg = msg

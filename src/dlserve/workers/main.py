@@ -108,6 +108,10 @@ class _Serving:
             reply = self.runner.infer(msg, payload)
             if reply is not None:  # None: a decoupled model's responses went out already
                 self.worker.send(*reply)
+        elif isinstance(msg, m.InferBatch):
+            assert self.runner is not None, "InferBatch before Load"
+            for done, buffers in self.runner.execute(msg.items, msg.release, payload):
+                self.worker.send(done, buffers)
         elif isinstance(msg, m.Release):
             if self.runner is not None:
                 self.runner.release(msg.offsets, msg.gpu)
@@ -134,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the connection to the server")
     parser.add_argument("--input-arena-fd", type=int, required=True)
     parser.add_argument("--output-arena-fd", type=int, required=True)
+    parser.add_argument("--busy-poll-us", type=int, default=0)
     args = parser.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
     install_pb_utils()
     sock = socket.socket(fileno=args.fd)
-    channel: Channel = BlockingChannel(sock, codec.to_worker)
+    spin_ns = args.busy_poll_us * 1000
+    channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_ns)
     arenas = (
         ShmSegment.from_fd(args.input_arena_fd, "input-arena"),
         ShmSegment.from_fd(args.output_arena_fd, "output-arena"),

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.workers.client import CallSink, MetricSink, WorkerBase
-from dlserve.workers.processes import InProcessWorker, SubprocessWorker
+from dlserve.workers.client import (
+    CallSink,
+    InProcessWorker,
+    MetricSink,
+    SubprocessWorker,
+    WorkerBase,
+)
 
 log = logging.getLogger("dlserve.workers")
 
@@ -71,6 +77,7 @@ class WorkerPool:
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.restarts = 0
+        self.on_restart: Callable[[], None] | None = None  # an instance is back: use it
 
     async def start(self, first: WorkerBase | None = None) -> None:
         """Start every instance (reusing ``first`` for instance 0); all or nothing."""
@@ -112,6 +119,8 @@ class WorkerPool:
                 attempt = 0
                 self.restarts += 1
                 log.info("model instance '%s' restarted", self.specs[index].name)
+                if self.on_restart is not None:
+                    self.on_restart()
             except errors.DlserveError as exc:
                 attempt += 1
                 log.error("restarting model instance '%s' failed: %s", self.specs[index].name, exc)
@@ -119,6 +128,10 @@ class WorkerPool:
     @property
     def ready(self) -> bool:
         return all(w is not None and w.alive for w in self.workers)
+
+    def live(self) -> list[WorkerBase]:
+        """The instances that can take work now."""
+        return [w for w in self.workers if w is not None and w.alive]
 
     def pick(self) -> WorkerBase:
         """The live instance with the fewest requests in flight."""

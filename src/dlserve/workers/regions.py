@@ -76,7 +76,7 @@ class ClientRegions:
                     TritonError.INTERNAL,
                 ) from None
             mapped = self._cuda[ref.region] = (pointer, ref.device)
-            self._cuda_handles[ref.region] = (ref.handle, _allocation_size(pointer))
+            self._cuda_handles[ref.region] = (ref.handle, _allocation_size(pointer, ref.device))
             self.cuda_opens += 1
         return mapped[0] + ref.offset
 
@@ -150,9 +150,10 @@ class ClientRegions:
         return len(self._mapped) + len(self._cuda)
 
 
-def _allocation_size(pointer: int) -> int:
+def _allocation_size(pointer: int, device: int) -> int:
     try:
-        return cuda_ipc.allocation_of(pointer).size
+        with cuda_ipc.on_device(device):
+            return cuda_ipc.address_range(pointer)[1]
     except (cuda_ipc.CudaUnavailable, cuda_ipc.CudaError):
         return 0  # unknown: not passed on by reference
 

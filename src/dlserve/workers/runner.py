@@ -37,6 +37,8 @@ from dlserve.workers.outputs import INLINE_OUTPUT_LIMIT, OutputWriter
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
+Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
+
 
 class LoadError(Exception):
     """model.py could not be imported, auto-completed or initialized."""
@@ -106,16 +108,31 @@ class ModelRunner:
         elif rid > self._started:
             self._cancelled_early.add(rid)
 
-    def _cancelled_before_start(self, msg: m.Infer, worker: link.WorkerLink | None) -> bool:
-        """Whether the request was cancelled while it waited (Cancels already read ahead
-        behind it are dispatched first: no system call on the request path)."""
+    def _skip_cancelled(
+        self, items: Sequence[Item], worker: link.WorkerLink | None
+    ) -> tuple[list[tuple[m.InferDone, list[memoryview]]], list[Item]]:
+        """The requests cancelled while they waited (answered here, not run), and the others.
+
+        Cancels already read ahead behind them are dispatched first (no system call)."""
         if worker is not None:
             worker.poll(buffered_only=True)
-        self._started = max(self._started, msg.rid)
-        if msg.rid in self._cancelled_early:
-            self._cancelled_early.discard(msg.rid)
-            return True
-        return False
+        self._started = max(self._started, *(item.rid for item in items))
+        if not self._cancelled_early:
+            return [], list(items)
+        replies: list[tuple[m.InferDone, list[memoryview]]] = []
+        kept: list[Item] = []
+        for item in items:
+            if item.rid not in self._cancelled_early:
+                kept.append(item)
+                continue
+            self._cancelled_early.discard(item.rid)
+            error = TritonError("Request was cancelled", TritonError.CANCELLED)
+            if self.decoupled and worker is not None:
+                worker.send(m.StreamResponse(item.rid, final=True, error=error.message(),
+                                             error_code="cancelled"))  # fmt: skip
+            else:
+                replies.append((self._error_reply(item.rid, error), []))
+        return replies, kept
 
     def update(self, load: m.Load) -> None:
         """A second Load on the same worker: the final config and this instance's identity."""
@@ -195,42 +212,87 @@ class ModelRunner:
     ) -> tuple[m.InferDone, list[memoryview]] | None:
         """Run one request: the reply to send, or None for a decoupled model (its responses
         go out through the request's response sender)."""
+        replies = self.execute([msg], msg.release, payload)
+        return replies[0] if replies else None
+
+    def execute(
+        self, items: Sequence[Item], release: Sequence[int], payload: memoryview
+    ) -> list[tuple[m.InferDone, list[memoryview]]]:
+        """One ``execute(requests)`` call for ``items``: one reply each, in their order.
+
+        As Triton's Python backend does, the model gets one InferenceRequest per item
+        (nothing is concatenated) and must return one response per request. A decoupled
+        model's requests answer through their response senders (no reply here), one
+        ``execute`` each. A request cancelled while it waited is not run.
+        """
         timings_start = time.monotonic_ns()
-        if msg.release:
-            self.release(msg.release)
+        if release:
+            self.release(release)
         worker = link.current()
-        if self._cancelled_before_start(msg, worker):
-            cancelled = TritonError("Request was cancelled", TritonError.CANCELLED)
-            if self.decoupled and worker is not None:
-                worker.send(m.StreamResponse(msg.rid, final=True, error=cancelled.message(),
-                                             error_code="cancelled"))  # fmt: skip
-                return None
-            return self._error_reply(msg.rid, cancelled), []
+        cancelled, items = self._skip_cancelled(items, worker)
         if worker is not None:
-            worker.upstream = msg.chain
+            worker.upstream = _upstream(items)
         if self.decoupled:
             assert worker is not None, "a decoupled model needs the worker's link"
-            decoupled_request(self, worker, msg, payload, timings_start)
-            return None
+            for item in items:
+                decoupled_request(self, worker, item, payload, timings_start)
+            return cancelled
+        replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
+        requests: list[pb_utils.InferenceRequest] = []
+        running: list[int] = []
         try:
-            request = self._request(msg, payload)
-            self._live[msg.rid] = request
-            if worker is not None:
-                request._poll = worker.poll
-            infer_start = time.monotonic_ns()
-            responses = self._call(self.model.execute, [request])
-            infer_end = time.monotonic_ns()
-            response = self._single_response(responses)
-            done, buffers = self._reply(msg, response)
-        except BaseException as exc:  # the model's failure is the request's failure
-            return self._error_reply(msg.rid, exc), []
+            for index, item in enumerate(items):
+                try:
+                    request = self._request(item, payload)
+                except BaseException as exc:  # this request alone fails
+                    replies[index] = self._error_reply(item.rid, exc), []
+                    continue
+                requests.append(request)
+                running.append(index)
+                self._live[item.rid] = request
+                if worker is not None:
+                    request._poll = worker.poll
+            if requests:
+                self._execute(items, running, requests, replies, timings_start)
         finally:
-            self._live.pop(msg.rid, None)
+            for item in items:
+                self._live.pop(item.rid, None)
             self.outputs.drop_buffers()
-        done.timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
-        return done, buffers
+        return cancelled + [r for r in replies if r is not None]
 
-    def _request(self, msg: m.Infer, payload: memoryview) -> pb_utils.InferenceRequest:
+    def _execute(
+        self,
+        items: Sequence[Item],
+        running: list[int],
+        requests: list[pb_utils.InferenceRequest],
+        replies: list[tuple[m.InferDone, list[memoryview]] | None],
+        timings_start: int,
+    ) -> None:
+        infer_start = time.monotonic_ns()
+        try:
+            responses = self._call(self.model.execute, requests)
+            infer_end = time.monotonic_ns()
+            checked = self._responses(responses, len(requests))
+        except BaseException as exc:  # the model's failure is every request's failure
+            for index in running:
+                replies[index] = self._error_reply(items[index].rid, exc), []
+            return
+        for index, response in zip(running, checked, strict=True):
+            item = items[index]
+            try:
+                error = response.error()
+                if error is not None:
+                    raise error
+                replies[index] = self._reply(item, response)
+            except BaseException as exc:
+                replies[index] = self._error_reply(item.rid, exc), []
+        timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
+        for index in running:
+            done = replies[index]
+            if done is not None and not done[0].error_code:
+                done[0].timings = timings
+
+    def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
         inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest(
             model_name=self.load.model_name,
@@ -270,30 +332,34 @@ class ModelRunner:
             return dtypes.deserialize_bytes(raw).reshape(ref.shape), dtype
         return np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape), dtype
 
-    def _single_response(self, responses: Any) -> pb_utils.InferenceResponse:
-        if not isinstance(responses, list | tuple) or len(responses) != 1:
-            got = (
-                len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
-            )
-            raise TritonError(f"execute() must return a list of 1 InferenceResponse, got {got}")
-        response = responses[0]
-        if not isinstance(response, pb_utils.InferenceResponse):
+    @staticmethod
+    def _responses(responses: Any, count: int) -> list[pb_utils.InferenceResponse]:
+        """execute()'s result checked: one InferenceResponse per request (Triton's messages)."""
+        if not isinstance(responses, list | tuple):
             raise TritonError(
-                f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
+                f"Expected a list in the execute return, found type '{type(responses).__name__}'."
             )
-        error = response.error()
-        if error is not None:
-            raise error
-        return response
+        if len(responses) != count:
+            raise TritonError(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
+                f"InferenceResponse(s) size is:{len(responses)}"
+            )
+        for response in responses:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise TritonError(
+                    f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
+                )
+        return list(responses)
 
     def _reply(
-        self, msg: m.Infer, response: pb_utils.InferenceResponse
+        self, msg: Item, response: pb_utils.InferenceResponse
     ) -> tuple[m.InferDone, list[memoryview]]:
         refs, buffers, params = self.encode_outputs(msg, response)
         return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
 
     def encode_outputs(
-        self, msg: m.Infer, response: pb_utils.InferenceResponse
+        self, msg: Item, response: pb_utils.InferenceResponse
     ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:
         """A response's outputs as refs (inline, output arena or client region), the inline
         buffers, and its parameters."""
@@ -385,6 +451,13 @@ class ModelRunner:
         self.peers.close()
         self.output_segment.close()
         self.input_arena.close()
+
+
+def _upstream(items: Sequence[Item]) -> list[str]:
+    """The models upstream of the requests executing (BLS cycle checks): their union."""
+    if len(items) == 1:
+        return items[0].chain
+    return sorted({name for item in items for name in item.chain})
 
 
 def _address_of(segment: ShmSegment) -> int:

@@ -31,6 +31,7 @@ from dlserve import errors
 from dlserve.core.service import InferenceService
 from dlserve.frontends.http import convert
 from dlserve.frontends.http.errors import error_body, error_reply
+from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE
 from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
 
 log = logging.getLogger("dlserve.http")
@@ -204,6 +205,7 @@ class InferEndpoint:
         self, model: str, version: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
         parts: list[bytes | memoryview]
+        scope[CANCEL_ON_CLOSE] = True  # a client that goes away leaves the queue
         try:
             headers = _scan_headers(scope["headers"])
             client = scope.get("client")

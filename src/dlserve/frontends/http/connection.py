@@ -17,7 +17,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from dlserve.frontends.http.exchange import HIGH_WATER, Exchange, status_line
+from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, HIGH_WATER, Exchange, status_line
 
 if TYPE_CHECKING:
     from dlserve.frontends.http.server import HttpServer
@@ -100,6 +100,8 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self.active is None or self.parsing is not None:
             return None  # idle, or a request cut short: close
+        if self.active.scope.get(CANCEL_ON_CLOSE):
+            return None  # a client that stops sending gives up its infer request: close
         self.eof = True  # complete requests in flight: answer them, then close
         return True
 

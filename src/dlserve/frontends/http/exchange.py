@@ -53,6 +53,11 @@ def status_line(status: int) -> bytes:
     return line
 
 
+# Set in a request's scope by an app whose work should stop when its client goes away (the
+# infer endpoint): closing the connection, even half-closing it, cancels the app's task.
+CANCEL_ON_CLOSE = "dlserve.cancel_on_close"
+
+
 class Exchange:
     """A request's state, from its headers to the end of its response."""
 
@@ -133,6 +138,9 @@ class Exchange:
     def disconnect(self) -> None:
         self.disconnected = True
         self.wake()
+        task = self.task
+        if task is not None and not self.response_complete and self.scope.get(CANCEL_ON_CLOSE):
+            task.cancel()  # nobody will read the answer: stop the work queued for it
 
     # --- receive ----------------------------------------------------------------------------
 

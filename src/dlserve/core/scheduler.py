@@ -1,0 +1,302 @@
+"""One model version's scheduler: requests wait here until an instance is free.
+
+Every instance runs one ``execute`` at a time, as in Triton: a request is sent to a
+worker only when the worker has answered everything it was given, so requests queue in
+the server (where priorities, timeouts and cancellation can act on them), never in a
+worker's socket. With ``dynamic_batching`` one execute gets several requests
+(:mod:`dlserve.core.queues` decides which); without it, one.
+
+Nothing here runs in a task of its own: requests are dispatched when one arrives, when
+an instance answers, when an instance restarts, and on a timer for queue delays and
+timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dlserve import errors
+from dlserve.core.queues import TIMEOUT_EXPIRED, BatchPolicy, Job, JobQueue
+from dlserve.core.regions import RegionLease
+from dlserve.core.stats import ModelStats
+from dlserve.types import InputTensor, Parameters
+from dlserve.workers.client import Outcome, WorkerBase, WorkerReply, WorkItem
+from dlserve.workers.placement import NO_SPANS
+from dlserve.workers.pool import WorkerPool
+
+log = logging.getLogger("dlserve.scheduler")
+
+# Request parameters the scheduler consumes (Triton's); the model does not see them.
+PRIORITY = "priority"
+TIMEOUT = "timeout"
+
+
+@dataclass(slots=True)
+class _Execution:
+    """One execute() call in flight on one worker."""
+
+    worker: WorkerBase
+    remaining: int  # replies still to come
+    batch_size: int  # inferences in all
+    recorded: bool = False
+
+
+class Scheduler:
+    def __init__(self, name: str, pool: WorkerPool, config: Any, stats: ModelStats) -> None:
+        self.name = name
+        self.pool = pool
+        self.policy = BatchPolicy.from_config(config)
+        self.queue = JobQueue(self.policy)
+        self.stats = stats
+        self._busy: set[WorkerBase] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        self._idle: asyncio.Future[None] | None = None  # drain() waits on it
+        self._warned_cross_device = False
+        # a request alone may go straight to a free instance (no queue delay to wait)
+        self._direct = self.policy.delay_ns == 0
+        policies = [self.policy.default_policy, *self.policy.level_policies.values()]
+        self._timed = any(p.default_timeout_ns or p.allow_override for p in policies)
+        pool.on_restart = self.dispatch
+
+    def job(
+        self,
+        request_id: str,
+        inputs: list[InputTensor],
+        outputs: list[str],
+        parameters: Parameters,
+        batch: int,
+        lease: RegionLease | None = None,
+        *,
+        keep: bool = False,
+        chain: list[str] | None = None,
+        lend: bool = False,
+    ) -> Job:
+        """A request made ready to queue (its priority and timeout read, then dropped).
+        ``chain`` and ``lend``: a BLS request's upstream models, and whether its outputs
+        stay in the worker's memory for the caller to map."""
+        params = parameters
+        priority = timeout_us = 0
+        if PRIORITY in parameters or TIMEOUT in parameters:  # the scheduler's, not the model's
+            params = dict(parameters)
+            priority = _int_param(params.pop(PRIORITY, 0), PRIORITY)
+            timeout_us = _int_param(params.pop(TIMEOUT, 0), TIMEOUT)
+        level = self.policy.level(priority) if priority else self.policy.default_level
+        now = time.monotonic_ns()
+        deadline = self.policy.policy(level).deadline(now, timeout_us) if self._timed else 0
+        item = WorkItem(
+            request_id, inputs, outputs, params,
+            lease.inputs if lease is not None else NO_SPANS,
+            lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
+        )  # fmt: skip
+        future: asyncio.Future[WorkerReply] = asyncio.get_running_loop().create_future()
+        return Job(item, batch, level, now, deadline, future, lease, keep)
+
+    async def run(self, job: Job) -> WorkerReply:
+        """Queue ``job`` and wait for its reply. A caller that is cancelled (its client
+        went away) takes its job out of the queue; a job already executing runs on."""
+        worker = None
+        if self._direct and not len(self.queue):
+            worker = self._free_worker(job.device)
+        if worker is not None:
+            self._send(worker, [job])  # the fast path: nothing waits, an instance is free
+        else:
+            if not self._any_live():
+                raise errors.UnavailableError(
+                    f"no instance of model '{self.name}' is available (restarting)"
+                )
+            self.queue.push(job)
+            self.stats.pending = len(self.queue)
+            self.dispatch()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            if self.queue.remove(job):
+                self.stats.pending = len(self.queue)
+            elif job.sent is not None:  # executing: the model sees is_cancelled()
+                job.sent[0].cancel(job.sent[1])
+            raise
+
+    # -- dispatch -----------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Send what can go now to free instances; wake up later for what must wait."""
+        if not len(self.queue):
+            if not self._busy and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+            return
+        now = time.monotonic_ns()
+        for job in self.queue.expire(now):
+            _fail(job, errors.UnavailableError(TIMEOUT_EXPIRED))
+        wait = 0
+        while (head := self.queue.head()) is not None:
+            worker = self._free_worker(head.device)
+            if worker is None:
+                if not self._any_live():  # every instance is down: nothing would run these
+                    failure = errors.UnavailableError(
+                        f"no instance of model '{self.name}' is available (restarting)"
+                    )
+                    for job in self.queue.all():
+                        _fail(job, failure)
+                break
+            count, wait = self.queue.next_batch(now)
+            if not count:
+                break
+            self._send(worker, self.queue.take(count))
+        self.stats.pending = len(self.queue)
+        if len(self.queue):
+            self._wake_up(now, wait)
+        elif not self._busy and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    def _any_live(self) -> bool:
+        return any(w is not None and w.alive for w in self.pool.workers)
+
+    def _free_worker(self, device: int | None) -> WorkerBase | None:
+        """A free instance for a batch whose head request has its CUDA input on GPU
+        ``device``: one on that GPU when the model has any there (waiting for it if they
+        are busy), else any (the request crosses devices: said once, and counted)."""
+        if device is not None:
+            on_device = [
+                worker
+                for spec, worker in zip(self.pool.specs, self.pool.workers, strict=True)
+                if spec.kind == "GPU" and spec.device_id == device
+                and worker is not None and worker.alive
+            ]  # fmt: skip
+            if on_device:
+                return next((w for w in on_device if w not in self._busy), None)
+        for worker in self.pool.workers:
+            if worker is not None and worker.alive and worker not in self._busy:
+                return worker
+        return None
+
+    def _gpu_of(self, worker: WorkerBase) -> int | None:
+        for spec, one in zip(self.pool.specs, self.pool.workers, strict=True):
+            if one is worker:
+                return spec.device_id if spec.kind == "GPU" else None
+        return None
+
+    def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
+        devices = [job.device for job in jobs if job.device is not None]
+        if not devices:
+            return
+        gpu = self._gpu_of(worker)
+        for device in devices:
+            if device != gpu:
+                self._crossed(device)
+
+    def _crossed(self, device: int) -> None:
+        self.stats.cross_device += 1
+        if not self._warned_cross_device:
+            self._warned_cross_device = True
+            log.warning(
+                "model '%s' has no instance on GPU %s, where a request's CUDA input is: it "
+                "is served across devices (counted in dlserve_cross_device_requests_total; "
+                "said once)", self.name, device,
+            )  # fmt: skip
+
+    def _wake_up(self, now: int, wait: int) -> None:
+        """Dispatch again after ``wait`` ns (a batch's queue delay) or at the next timeout."""
+        at = now + wait if wait else 0
+        deadline = self.queue.next_deadline()
+        if deadline and (not at or deadline < at):
+            at = deadline + 1000
+        if not at or (self._timer is not None and self._timer_at <= at):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        delay = max(at - time.monotonic_ns(), 0) / 1e9
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.dispatch()
+
+    def _send(self, worker: WorkerBase, jobs: list[Job]) -> None:
+        live = [job for job in jobs if not job.future.done()]
+        if not live:
+            return
+        execution = _Execution(worker, len(live), sum(max(j.batch, 1) for j in live))
+        for job in live:
+            if job.lease is not None:
+                job.lease.bind(worker)
+                if job.lease.device is not None:
+                    self._count_crossings(worker, [job])
+        callbacks = [functools.partial(self._on_reply, execution, job) for job in live]
+        try:
+            rids = worker.submit([job.item for job in live], callbacks)
+            for job, rid in zip(live, rids, strict=True):
+                job.sent = (worker, rid)
+        except errors.DlserveError as exc:
+            for job in live:
+                _fail(job, exc)
+            return
+        self._busy.add(worker)
+
+    def _on_reply(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
+        worker = execution.worker
+        if isinstance(outcome, tuple):
+            self._record_execution(execution, outcome)
+            if job.future.done():  # its client went away meanwhile
+                worker.discard(outcome)
+            else:
+                try:
+                    reply = worker.read_reply(*outcome, keep=job.keep, lend=job.item.lend)
+                    job.future.set_result(reply)
+                except errors.DlserveError as exc:
+                    job.future.set_exception(exc)
+        else:
+            _fail(job, outcome)
+        execution.remaining -= 1
+        if execution.remaining == 0:
+            self._busy.discard(worker)
+            self.dispatch()
+
+    def _record_execution(self, execution: _Execution, outcome: tuple[Any, memoryview]) -> None:
+        t = outcome[0].timings
+        if execution.recorded or t is None:
+            return
+        execution.recorded = True
+        self.stats.record_execution(
+            execution.batch_size,
+            t.infer_start - t.input_start,
+            t.infer_end - t.infer_start,
+            t.output_end - t.infer_end,
+        )
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until nothing is queued or executing: a version being
+        unloaded takes no new requests, and finishes the ones it has."""
+        deadline = time.monotonic() + timeout
+        while (len(self.queue) or self._busy) and time.monotonic() < deadline:
+            self._idle = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._idle, deadline - time.monotonic())
+            except TimeoutError:
+                break
+
+    def stop(self) -> None:
+        """The version goes away: what still waits fails."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        failure = errors.UnavailableError(f"model '{self.name}' is being unloaded")
+        for job in self.queue.all():
+            _fail(job, failure)
+        self.stats.pending = 0
+
+
+def _fail(job: Job, exc: errors.DlserveError) -> None:
+    if not job.future.done():
+        job.future.set_exception(exc)
+
+
+def _int_param(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.InvalidArgumentError(f"parameter '{name}' must be an integer")
+    return value

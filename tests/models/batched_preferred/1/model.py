@@ -1,0 +1,1 @@
+../../batched/1/model.py
