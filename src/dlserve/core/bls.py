@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
+from dlserve.core.streams import Call
 from dlserve.ipc import messages as m
 from dlserve.types import (
     ArenaSpan,
@@ -32,7 +33,7 @@ from dlserve.workers.client import WorkerBase
 from dlserve.workers.lending import ARENA_OWNERS
 
 if TYPE_CHECKING:
-    from dlserve.core.service import Call, InferenceService
+    from dlserve.core.service import InferenceService
 
 log = logging.getLogger("dlserve.bls")
 
@@ -115,8 +116,6 @@ class BlsRouter:
     def _request(
         self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview
     ) -> tuple[InferRequest, Call]:
-        from dlserve.core.service import Call  # service.py imports this module
-
         inputs: list[InputTensor] = []
         spans: dict[str, tuple[int, int, int]] = {}
         arenas: dict[str, ArenaSpan | CudaSpan] = {}

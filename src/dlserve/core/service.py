@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from dlserve import __version__, errors
-from dlserve.core import cuda_check
+from dlserve.core import cuda_check, streams
 from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
 from dlserve.core.ensemble import run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
-from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
+from dlserve.core.regions import AllowClientShm, RegionRegistry
 from dlserve.core.repository import Repository
+from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.trace import TraceSettings
 from dlserve.types import (
     InferRequest,
@@ -34,34 +34,9 @@ from dlserve.types import (
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers.client import WorkerReply, WorkItem
-from dlserve.workers.placement import NO_SPANS
+from dlserve.workers.client import WorkerReply
 
 log = logging.getLogger("dlserve")
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """What a BLS request brings besides the request: the models upstream of it (a cycle
-    is refused) and where its inputs are when they travel by reference (client regions,
-    the caller's arenas)."""
-
-    chain: tuple[str, ...] = ()
-    lease: RegionLease | None = None
-    lend: bool = False  # outputs stay in the callee's memory for the caller to map
-
-
-NO_CALL: Final = Call()
-
-
-@dataclass(frozen=True, slots=True)
-class StreamItem:
-    """One response of a streamed request, or its failure; ``final`` ends the request."""
-
-    response: InferResponse | None  # None with no error: a bare final flag
-    error: errors.DlserveError | None
-    final: bool
-    model_version: str = ""
 
 
 EXTENSIONS = (
@@ -227,61 +202,13 @@ class InferenceService:
     ) -> tuple[list[OutputTensor], dict[str, Any]]:
         reply, batch = await self._run(loaded, request, call=call)
         self._record(loaded, reply, batch, received)
-        return _outputs(loaded, reply), dict(reply.parameters)
+        return reply_outputs(loaded, reply), dict(reply.parameters)
 
-    async def infer_stream(
+    def infer_stream(
         self, request: InferRequest, call: Call = NO_CALL
     ) -> AsyncGenerator[StreamItem, None]:
-        """Run a request over a stream: one item per response, the last one final. A model
-        that answers once gives one item; a decoupled model any number. Failures are items
-        (the stream goes on); leaving early marks the request cancelled in the model."""
-        try:
-            loaded = self.version(request.model_name, request.model_version)
-            if not loaded.decoupled:
-                yield StreamItem(await self.infer(request, call), None, True)
-                return
-        except errors.DlserveError as exc:
-            yield StreamItem(None, exc, True)
-            return
-        async with contextlib.aclosing(self._run_decoupled(loaded, request, call)) as items:
-            async for item in items:
-                yield item
-
-    async def _run_decoupled(
-        self, loaded: ModelVersion, request: InferRequest, call: Call
-    ) -> AsyncGenerator[StreamItem, None]:
-        """A decoupled model's request goes to its least busy instance directly (not through
-        the scheduler's queue: no batching or priorities for decoupled models yet)."""
-        received = time.monotonic_ns()
-        lease = call.lease if call.lease is not None else self.regions.lease(request)
-        try:
-            inputs, _ = loaded.validator.check(request)
-            assert loaded.pool is not None
-            worker, _ = loaded.pool.pick_on(None if lease is None else lease.device)
-            if lease is not None:
-                lease.bind(worker)
-            item = WorkItem(request.id, inputs, [o.name for o in request.outputs],
-                            request.parameters, lease.inputs if lease else NO_SPANS,
-                            lease.outputs if lease else NO_SPANS, list(call.chain),
-                            call.lend)  # fmt: skip
-            responses = worker.infer_stream(item)
-            async with contextlib.aclosing(responses):
-                async for each in responses:
-                    if each.final and each.timings is not None:
-                        self._record(loaded, WorkerReply([], each.timings), 1, received)
-                    response = None
-                    if each.reply is not None:
-                        response = InferResponse(
-                            request.model_name, str(loaded.version), request.id,
-                            _outputs(loaded, each.reply), dict(each.reply.parameters),
-                        )  # fmt: skip
-                    yield StreamItem(response, each.error, each.final, str(loaded.version))
-        except errors.DlserveError as exc:
-            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
-            yield StreamItem(None, exc, True)
-        finally:
-            if lease is not None:
-                self.regions.release(lease)
+        """Run a request over a stream: one item per response (see ``streams``)."""
+        return streams.infer_stream(self, request, call)
 
     @staticmethod
     def _record(loaded: ModelVersion, reply: WorkerReply, batch: int, received: int) -> None:
@@ -458,12 +385,3 @@ def _reason(exc: errors.DlserveError) -> str:
 
 def _nothing() -> None:
     """An ensemble step whose outputs hold nothing that must be given back."""
-
-
-def _outputs(loaded: ModelVersion, reply: WorkerReply) -> list[OutputTensor]:
-    """A reply's outputs with the shapes the client sees; lent ones stay lent (BLS)."""
-    shape = loaded.validator.output_shape
-    return [
-        OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
-        for o in reply.outputs
-    ]

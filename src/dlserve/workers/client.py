@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -27,6 +27,7 @@ from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
 from dlserve.workers.lending import ArenaLending
 from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
+from dlserve.workers.streams import DecoupledStreams
 
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
@@ -69,16 +70,6 @@ class _Pending:
     callback: ReplyCallback
     arena_offsets: list[int]
     stream: Callable[[m.StreamResponse, memoryview], None] | None = None  # decoupled
-
-
-@dataclass(slots=True)
-class StreamReply:
-    """One response of a decoupled request: a reply or an error; ``final`` ends it."""
-
-    reply: WorkerReply | None
-    error: errors.DlserveError | None
-    final: bool
-    timings: m.Timings | None = None  # with the final one
 
 
 class CallSink(Protocol):
@@ -132,7 +123,7 @@ _spinner = _Spinner()
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
-class WorkerBase(ArenaLending):
+class WorkerBase(ArenaLending, DecoupledStreams):
     """Shared logic of both worker kinds; subclasses only start and stop the other side."""
 
     def __init__(self, label: str) -> None:
@@ -186,16 +177,6 @@ class WorkerBase(ArenaLending):
                 self.give_back(arena, offset)
         elif self._control is not None and not self._control.done():
             self._control.set_result(msg)
-
-    def _on_stream_response(self, msg: m.StreamResponse, payload: memoryview) -> None:
-        pending = self._pending.get(msg.rid)
-        if pending is None or pending.stream is None:
-            return
-        if msg.final:
-            del self._pending[msg.rid]
-            for offset in pending.arena_offsets:  # the model may read its inputs until now
-                self.input_arena.free(offset)
-        pending.stream(msg, payload)
 
     def send_answer(self, msg: m.BlsReply | m.ControlReply, payload: list[memoryview]) -> None:
         """Answer a call this worker made (dropped when it has died meanwhile)."""
@@ -327,56 +308,6 @@ class WorkerBase(ArenaLending):
         release, self._release = self._release, []
         channel.send(infer_message(placed, release), payload)
         return [rid for rid, _, _, _ in placed]
-
-    async def infer_stream(self, item: WorkItem) -> AsyncGenerator[StreamReply, None]:
-        """Run one request of a decoupled model: its responses as they come, the last one
-        final. Leaving early (the client went away) tells the model: ``is_cancelled()``;
-        responses still coming are dropped (their arena space goes back)."""
-        queue: asyncio.Queue[StreamReply] = asyncio.Queue()
-        abandoned = False
-
-        def on_response(frame: m.StreamResponse, payload: memoryview) -> None:
-            if abandoned:
-                self.release_outputs(
-                    [r.offset for r in frame.outputs if r.where == m.Where.OUTPUT_ARENA]
-                )
-                return
-            queue.put_nowait(self._stream_reply(frame, payload, item.lend))
-
-        def on_death(outcome: Outcome) -> None:  # a stream ends with StreamResponses only
-            if isinstance(outcome, errors.DlserveError):
-                queue.put_nowait(StreamReply(None, outcome, True))
-
-        (rid,) = self.submit([item], [on_death])
-        self._pending[rid].stream = on_response
-        final = False
-        try:
-            while not final:
-                reply = await queue.get()
-                final = reply.final
-                yield reply
-        finally:
-            if not final:
-                abandoned = True
-                self.cancel(rid)
-
-    def _stream_reply(
-        self, frame: m.StreamResponse, payload: memoryview, lend: bool
-    ) -> StreamReply:
-        if frame.error_code:
-            error = errors.ModelError(frame.error, errors.ErrorCode(frame.error_code))
-            return StreamReply(None, error, frame.final, frame.timings)
-        if not frame.has_response:
-            return StreamReply(None, None, frame.final, frame.timings)
-        done = m.InferDone(frame.rid, frame.outputs, parameters=frame.parameters)
-        return StreamReply(self.read_reply(done, payload, lend=lend), None, frame.final,
-                           frame.timings)  # fmt: skip
-
-    def cancel(self, rid: int) -> None:
-        """The client of request ``rid`` has gone: the model sees ``is_cancelled()``, and
-        a request that has not started is not run."""
-        if self._channel is not None and rid in self._pending:
-            self._channel.send(m.Cancel(rid))
 
     def unmap_regions(self, regions: list[int]) -> None:
         """These client regions are gone: the worker drops its mappings of them."""

@@ -32,8 +32,10 @@ from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.workers import gpu_bls, gpu_io
+from dlserve.workers.bls_memory import SharedMemoryForBls, address_of
+from dlserve.workers.cancellation import Cancellation, upstream
 from dlserve.workers.decoupled import decoupled_request
-from dlserve.workers.outputs import INLINE_OUTPUT_LIMIT, OutputWriter
+from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
@@ -68,7 +70,7 @@ def import_model_file(path: str, module_name: str) -> ModuleType:
     return module
 
 
-class ModelRunner:
+class ModelRunner(SharedMemoryForBls, Cancellation):
     """One instance of one model."""
 
     def __init__(self, load: m.Load, arenas: tuple[ShmSegment, ShmSegment]) -> None:
@@ -86,7 +88,7 @@ class ModelRunner:
         self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu)
         self.peers = PeerArenas()
         self.gpu_lender = gpu_bls.GpuLender()
-        self._input_base = _address_of(self.input_arena)
+        self._input_base = address_of(self.input_arena)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
         self._decoupled: bool | None = None  # from the config, once known
         self._started = 0  # the newest rid started (rids grow)
@@ -98,41 +100,6 @@ class ModelRunner:
         if self._decoupled is None:
             self._decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
         return self._decoupled
-
-    def cancel(self, rid: int) -> None:
-        """The server says request ``rid``'s client has gone: ``is_cancelled()`` turns true,
-        and a request not started yet is not run at all."""
-        request = self._live.get(rid)
-        if request is not None:
-            request._cancelled = True
-        elif rid > self._started:
-            self._cancelled_early.add(rid)
-
-    def _skip_cancelled(
-        self, items: Sequence[Item], worker: link.WorkerLink | None
-    ) -> tuple[list[tuple[m.InferDone, list[memoryview]]], list[Item]]:
-        """The requests cancelled while they waited (answered here, not run), and the others.
-
-        Cancels already read ahead behind them are dispatched first (no system call)."""
-        if worker is not None:
-            worker.poll(buffered_only=True)
-        self._started = max(self._started, *(item.rid for item in items))
-        if not self._cancelled_early:
-            return [], list(items)
-        replies: list[tuple[m.InferDone, list[memoryview]]] = []
-        kept: list[Item] = []
-        for item in items:
-            if item.rid not in self._cancelled_early:
-                kept.append(item)
-                continue
-            self._cancelled_early.discard(item.rid)
-            error = TritonError("Request was cancelled", TritonError.CANCELLED)
-            if self.decoupled and worker is not None:
-                worker.send(m.StreamResponse(item.rid, final=True, error=error.message(),
-                                             error_code="cancelled"))  # fmt: skip
-            else:
-                replies.append((self._error_reply(item.rid, error), []))
-        return replies, kept
 
     def update(self, load: m.Load) -> None:
         """A second Load on the same worker: the final config and this instance's identity."""
@@ -231,7 +198,7 @@ class ModelRunner:
         worker = link.current()
         cancelled, items = self._skip_cancelled(items, worker)
         if worker is not None:
-            worker.upstream = _upstream(items)
+            worker.upstream = upstream(items)
         if self.decoupled:
             assert worker is not None, "a decoupled model needs the worker's link"
             for item in items:
@@ -387,39 +354,6 @@ class ModelRunner:
         params = json.loads(text) if text != "{}" else {}
         return refs, buffers, params
 
-    # -- BLS: where a caller's tensors can travel by reference (backend.bls.BlsMemory) ------
-    def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
-        """A ref to ``array``'s bytes when another worker can map them: in a client's
-        region, in this worker's input arena (the caller's own input), or in another
-        worker's arena mapped here (a callee's output, passed on)."""
-        found = self.regions.locate(array)
-        if found is not None or not array.flags.c_contiguous or array.nbytes == 0:
-            return found
-        address = int(array.__array_interface__["data"][0])
-        start = address - self._input_base
-        if self._input_base and start >= 0 and start + array.nbytes <= self.input_arena.size:
-            return m.TensorRef("", "", [], m.Where.INPUT_ARENA, start, array.nbytes)
-        return self.peers.locate(address, array.nbytes)  # another callee's output, passed on
-
-    def stage(self, data: memoryview) -> m.TensorRef | None:
-        """Copy a large tensor once into this worker's output arena for a callee to map;
-        the server releases the space once the callee is done. None: send it inline."""
-        if data.nbytes <= INLINE_OUTPUT_LIMIT:
-            return None
-        offset = self.output_arena.alloc(data.nbytes)
-        if offset is None:
-            return None
-        self.output_arena.view(offset, data.nbytes)[:] = data
-        return m.TensorRef("", "", [], m.Where.OUTPUT_ARENA, offset, data.nbytes)
-
-    def locate_gpu(self, ptr: int, nbytes: int) -> m.TensorRef | None:
-        """A ref to GPU memory another worker can open by a handle it may already have: a
-        client's CUDA region (the callee opens it once per region)."""
-        return self.regions.locate_cuda(ptr, nbytes)
-
-    def peer_view(self, ref: m.TensorRef) -> memoryview:
-        return self.peers.view(ref)
-
     def unmap_regions(self, regions: list[int]) -> None:
         self.regions.unmap(regions)
 
@@ -451,20 +385,6 @@ class ModelRunner:
         self.peers.close()
         self.output_segment.close()
         self.input_arena.close()
-
-
-def _upstream(items: Sequence[Item]) -> list[str]:
-    """The models upstream of the requests executing (BLS cycle checks): their union."""
-    if len(items) == 1:
-        return items[0].chain
-    return sorted({name for item in items for name in item.chain})
-
-
-def _address_of(segment: ShmSegment) -> int:
-    """Where ``segment`` is mapped in this process (0 when it is empty)."""
-    if segment.size == 0:
-        return 0
-    return int(np.frombuffer(segment.buffer, dtype=np.uint8, count=1).ctypes.data)
 
 
 def _region_bytes(ref: m.TensorRef, raw: memoryview) -> npt.NDArray[Any]:

@@ -19,7 +19,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from dlserve.core.service import StreamItem
+from dlserve.core.streams import StreamItem
 from dlserve.errors import InvalidArgumentError
 from dlserve.frontends.grpc import shm
 from dlserve.tensors import dtypes
