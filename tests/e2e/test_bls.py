@@ -32,7 +32,7 @@ from conftest import TEST_MODELS, RunningServer, run_server
 
 DEADLINE_S = 60.0
 MODELS = ("double", "async_execute", "in_place", "raises", "gated", "repeat", "bls_pipeline",
-          "bls_bounce")  # fmt: skip
+          "bls_bounce", "cancellable")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +255,24 @@ def test_model_control_from_a_model(test_server: RunningServer) -> None:
 def test_model_control_needs_explicit_mode(client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match="explicit model load / unload"):
         pipeline(client, "reload", np.ones(2))
+
+
+def test_an_executing_request_sees_its_client_go(
+    client: grpcclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    """cancellable waits in execute for is_cancelled(); the client cancels; the model sees
+    it (the report that runs next counts it)."""
+    started = tmp_path / "started"
+    os.mkfifo(started)
+
+    def path(value: str) -> list[grpcclient.InferInput]:
+        tensor = grpcclient.InferInput("INPUT0", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([value.encode()], dtype=object))
+        return [tensor]
+
+    before = int(client.infer("cancellable", path("report")).as_numpy("OUTPUT0")[0])
+    running = client.async_infer("cancellable", path(str(started)), lambda result, error: None)
+    assert _read_line(started) == "started\n"  # executing
+    running.cancel()
+    after = int(client.infer("cancellable", path("report")).as_numpy("OUTPUT0")[0])
+    assert after == before + 1
