@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import os
+import time
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class Region:
     uses: int = 0  # requests in flight that use it
     unregistered: bool = False  # goes once ``uses`` is back to 0
     users: weakref.WeakSet[RegionUser] = field(default_factory=weakref.WeakSet)
+    # The local processes it belongs to (core/owners.py); reclaimed when the last exits.
+    owners: set[int] = field(default_factory=set)
+    last_used: float = field(default_factory=time.monotonic)  # for --shm-idle-timeout
 
     def span(self, ref: RegionRef) -> RegionSpan:
         """Where ``ref``'s bytes are in the object, checked as Triton checks them."""
@@ -124,7 +128,10 @@ class RegionRegistry:
                 "'--allow-client-shm=any' to accept it from anywhere."
             )
 
-    def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None) -> None:
+    def register(
+        self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None,
+        owners: Iterable[int] = (),
+    ) -> None:  # fmt: skip
         self.check_peer(peer)
         if not name:
             raise errors.InvalidArgumentError(
@@ -138,7 +145,8 @@ class RegionRegistry:
             raise errors.InvalidArgumentError(
                 f"failed to register shared memory region '{name}': invalid args"
             )
-        self._regions[name] = Region(name, key, offset, byte_size, next(self._ids))
+        region = Region(name, key, offset, byte_size, next(self._ids), owners=set(owners))
+        self._regions[name] = region
 
     def unregister(self, name: str, peer: Peer | None) -> None:
         """Unregister ``name`` (every region when ""); an unknown name is not an error."""
@@ -147,9 +155,38 @@ class RegionRegistry:
         for each in names:
             region = self._regions.get(each)
             if region is not None:
-                region.unregistered = True
-                if region.uses == 0:
-                    self._remove(region)
+                self._unregister(region)
+
+    def _unregister(self, region: Region) -> None:
+        """As an unregister call does: now, or once its last request is over."""
+        region.unregistered = True
+        if region.uses == 0:
+            self._remove(region)
+
+    # -- reclaim (core/owners.py decides when) ------------------------------------------
+    def reclaim(self, pid: int) -> list[str]:
+        """Process ``pid`` exited: unregister the regions no living owner is left to."""
+        gone: list[str] = []
+        for region in list(self._regions.values()):
+            if pid in region.owners:
+                region.owners.discard(pid)
+                if not region.owners and not region.unregistered:
+                    gone.append(region.name)
+                    self._unregister(region)
+        return gone
+
+    def drop_idle(self, unused_since: float) -> list[str]:
+        """Unregister the regions no request has used since ``unused_since`` (monotonic)."""
+        gone: list[str] = []
+        for region in list(self._regions.values()):
+            if region.uses == 0 and not region.unregistered and region.last_used < unused_since:
+                gone.append(region.name)
+                self._unregister(region)
+        return gone
+
+    def owned(self) -> set[int]:
+        """Every process that owns a region."""
+        return {pid for region in self._regions.values() for pid in region.owners}
 
     def status(self, name: str = "") -> list[RegionStatus]:
         if name:
@@ -175,14 +212,18 @@ class RegionRegistry:
         output_spans = {name: self._find(ref).span(ref) for name, ref in outputs.items()}
         names = {ref.region for ref in (*inputs.values(), *outputs.values())}
         regions = [self._regions[name] for name in names]
+        now = time.monotonic()
         for region in regions:
             region.uses += 1
+            region.last_used = now
         return RegionLease(input_spans, output_spans, regions)
 
     def release(self, lease: RegionLease) -> None:
         """The request is over: its regions that were unregistered meanwhile may go."""
+        now = time.monotonic()
         for region in lease.regions:
             region.uses -= 1
+            region.last_used = now
             if region.uses == 0 and region.unregistered:
                 self._remove(region)
 

@@ -12,6 +12,7 @@ from dlserve import __version__, errors
 from dlserve.core.config import config_to_dict
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
+from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
 from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.trace import TraceSettings
@@ -45,6 +46,7 @@ class ServiceOptions:
     startup_models: list[str] = field(default_factory=list)  # explicit mode: --load-model
     manager: ManagerOptions = field(default_factory=ManagerOptions)
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
+    owners: OwnerOptions = field(default_factory=OwnerOptions)  # reclaiming regions
 
 
 class InferenceService:
@@ -52,7 +54,8 @@ class InferenceService:
         self.repository = repository
         self.options = options
         self.regions = RegionRegistry(options.allow_client_shm)
-        self.metrics = Metrics(lambda: self.manager.all_stats())
+        self.owners = RegionOwners([self.regions], options.owners)
+        self.metrics = Metrics(lambda: self.manager.all_stats(), [ReclaimCollector(self.owners)])
         self.manager = ModelManager(repository, options.manager, self.metrics.custom)
         self.log_settings: dict[str, Any] = {
             "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
@@ -70,6 +73,7 @@ class InferenceService:
                 names = self.repository.model_names()
         else:
             names = self.repository.model_names()
+        self.owners.start()
         await asyncio.gather(*(self._load_at_startup(name) for name in names))
         self._started = True
 
@@ -81,6 +85,7 @@ class InferenceService:
 
     async def shutdown(self) -> None:
         self._started = False
+        await self.owners.stop()
         await self.manager.unload_all()
 
     # -- health and metadata ------------------------------------------------------------
@@ -213,8 +218,15 @@ class InferenceService:
     def shm_status(self, name: str = "") -> list[RegionStatus]:
         return self.regions.status(name)
 
-    def register_shm(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
-        self.regions.register(name, key, offset, byte_size, peer)
+    async def register_shm(
+        self, name: str, key: str, offset: int, byte_size: int, peer: Peer
+    ) -> None:
+        """Register the region; it belongs to the local process that asked, if one can be
+        told (``core/owners.py``), and is reclaimed when that process exits."""
+        self.regions.check_peer(peer)
+        owners = await self.owners.owners_of(peer)
+        self.regions.register(name, key, offset, byte_size, peer, owners)
+        self.owners.watch(owners)
 
     def unregister_shm(self, name: str, peer: Peer) -> None:
         """Unregister ``name``, or every region when it is ""."""
