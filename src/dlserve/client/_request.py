@@ -203,8 +203,8 @@ class Planner:
     def _inline(self, tensor: HostInput) -> Any:
         infer_input = self.lib.InferInput(tensor.name, tensor.shape, tensor.dtype.wire)
         array = tensor.array
-        if tensor.dtype.wire == "BF16":  # tritonclient takes BF16 as float32 and truncates
-            array = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        if tensor.dtype.wire == "BF16":
+            array = _bf16_for_tritonclient(array)
         infer_input.set_data_from_numpy(array)
         return infer_input
 
@@ -227,6 +227,16 @@ class Planner:
         prepared.taken.clear()
         prepared.keepalive.clear()
         return drop
+
+
+def _bf16_for_tritonclient(storage: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """BF16 held as uint16, as tritonclient takes it: ml_dtypes.bfloat16 (since r26.06),
+    float32 that it truncates before."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return (storage.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return storage.view(ml_dtypes.bfloat16)
 
 
 def _nbytes(tensor: HostInput | DeviceInput) -> int:
