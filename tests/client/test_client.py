@@ -27,7 +27,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
 from dlserve.client import AsyncClient, Client
 
 PROCESS = Path(__file__).with_name("sdk_process.py")
@@ -48,6 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, uds_dir: str) -> Iterator[R
     repository = tmp_path_factory.mktemp("sdk_repo")
     for model in ("add_sub", "identity_bytes", "identity_bf16", "identity_int64"):
         shutil.copytree(EXAMPLES / model, repository / model)
+    shutil.copytree(TEST_MODELS / "in_place", repository / "in_place")
     with run_server(repository, "--grpc-uds", f"{uds_dir}/grpc.sock") as running:
         yield running
 
@@ -142,6 +143,17 @@ def test_errors_give_the_region_back(url: str, server: RunningServer) -> None:
         assert client.registered_regions() == 1  # the failed calls' region, reused
         with pytest.raises(ValueError, match="has no Triton data type"):
             client.infer("add_sub", {"INPUT0": np.array([1j]), "INPUT1": a})
+
+
+def test_in_place_writes_do_not_reach_the_callers_tensor(url: str) -> None:
+    """The model writes into its input, which is the SDK's region, not the caller's array."""
+    x = np.zeros(4, dtype=np.float32)
+    with Client(url, shm_threshold=0) as client:  # even 16 bytes through a region
+        out = client.infer("in_place", {"INPUT0": x})
+        assert out["SAME_MEMORY"].tolist() == [True]  # the model did write in place
+        np.testing.assert_array_equal(out["OUTPUT0"], x + 1)
+        assert client.registered_regions() == 1
+    np.testing.assert_array_equal(x, 0)
 
 
 def test_remote_looking_server_gets_bytes_in_the_request(server: RunningServer) -> None:
