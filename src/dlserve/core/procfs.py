@@ -100,8 +100,44 @@ def processes_holding(inodes: Collection[int]) -> set[int]:
 
 
 def tcp_peer_processes(address: str, port: int) -> set[int]:
-    """The local processes holding the client end of a connection from ``address:port``."""
-    return processes_holding(tcp_socket_inodes(address, port))
+    """The local processes holding the client end of a connection from ``address:port``.
+
+    A connection registers again and again (a client registering per request): the
+    holders found for its socket are remembered and only checked the next time, which
+    spares a scan of every process's descriptors.
+    """
+    inodes = tcp_socket_inodes(address, port)
+    if len(inodes) == 1:
+        (inode,) = inodes
+        known = _HOLDERS.get(inode)
+        if known and all(_holds(pid, inode) for pid in known):
+            return set(known)
+    holders = processes_holding(inodes)
+    if len(inodes) == 1 and holders:
+        if len(_HOLDERS) >= _HOLDERS_MAX:
+            _HOLDERS.clear()
+        _HOLDERS[inodes.pop()] = frozenset(holders)
+    return holders
+
+
+_HOLDERS: dict[int, frozenset[int]] = {}  # socket inode -> the processes last seen holding it
+_HOLDERS_MAX: Final = 4096
+
+
+def _holds(pid: int, inode: int) -> bool:
+    directory = os.path.join(PROC, str(pid), "fd")
+    link = f"socket:[{inode}]"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(os.path.join(directory, name)) == link:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _unix_connections(paths: Collection[str]) -> set[int]:
