@@ -164,12 +164,12 @@ OWNER = textwrap.dedent(
 
     client = grpcclient.InferenceServerClient(sys.argv[1])
     region = cudashm.create_shared_memory_region("big", 1 << 30, 0)
-    cudashm.set_shared_memory_region(region, [np.ones(16, dtype=np.float32)])
+    image = np.ones((1, 3, 224, 224), dtype=np.float32)
+    cudashm.set_shared_memory_region(region, [image])
     client.register_cuda_shared_memory("big", cudashm.get_raw_handle(region), 0, 1 << 30)
-    inputs = [grpcclient.InferInput(n, [16], "FP32") for n in ("INPUT0", "INPUT1")]
-    inputs[0].set_shared_memory("big", 64)  # a worker opens the region's handle
-    inputs[1].set_data_from_numpy(np.ones(16, dtype=np.float32))
-    assert (client.infer("add_sub", inputs).as_numpy("OUTPUT0") == 2).all()
+    tensor = grpcclient.InferInput("INPUT_0", list(image.shape), "FP32")
+    tensor.set_shared_memory("big", image.nbytes)  # the GPU worker opens the region's handle
+    assert (client.infer("double", [tensor]).as_numpy("OUTPUT_0") == 2).all()
     print("registered", flush=True)
     sys.stdin.read()
     """
