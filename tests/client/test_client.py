@@ -46,7 +46,7 @@ def uds_dir() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, uds_dir: str) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("sdk_repo")
-    for model in ("add_sub", "identity_bytes", "identity_bf16", "identity_int64"):
+    for model in ("add_sub", "identity_bytes", "identity_bf16", "identity_int64", "double"):
         shutil.copytree(EXAMPLES / model, repository / model)
     shutil.copytree(TEST_MODELS / "in_place", repository / "in_place")
     with run_server(repository, "--grpc-uds", f"{uds_dir}/grpc.sock") as running:
@@ -143,6 +143,21 @@ def test_errors_give_the_region_back(url: str, server: RunningServer) -> None:
         assert client.registered_regions() == 1  # the failed calls' region, reused
         with pytest.raises(ValueError, match="has no Triton data type"):
             client.infer("add_sub", {"INPUT0": np.array([1j]), "INPUT1": a})
+
+
+def test_fixed_size_outputs_are_written_into_the_region(url: str, server: RunningServer) -> None:
+    """double's OUTPUT_0 has a fixed size (588 KiB): named, it is written into the call's
+    region beside the input, which is therefore 2 MiB rather than 1 MiB."""
+    image = RNG.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with Client(url) as client:
+        for _ in range(3):
+            out = client.infer("double", {"INPUT_0": image}, ["OUTPUT_0"])
+            np.testing.assert_array_equal(out["OUTPUT_0"], image * 2)
+        sizes = [slot.size for pool in client._pools.all() for slot in pool._all]
+        assert sizes == [2 << 20]
+        everything = client.infer("double", {"INPUT_0": image})  # unnamed: in the response
+        np.testing.assert_array_equal(everything["OUTPUT_0"], image * 2)
+    assert status(server) == set()
 
 
 def test_in_place_writes_do_not_reach_the_callers_tensor(url: str) -> None:

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from dlserve.client import _cuda
 from dlserve.client import cuda_shared_memory as cudashm
 from dlserve.client import shared_memory as shm
+from dlserve.client._outputs import OutputLayout, PlacedOutput, read_placed
 from dlserve.client._pool import KEY_PREFIX, RegionPool, Slot, aligned
 from dlserve.client._tensors import DeviceArray, DeviceInput, HostInput, describe
 from dlserve.tensors import dtypes
@@ -142,6 +143,7 @@ class Prepared:
     devices: dict[str, int | None]  # where each requested output goes
     taken: list[tuple[RegionPool, Slot]] = field(default_factory=list)
     keepalive: list[object] = field(default_factory=list)
+    placed: dict[str, PlacedOutput] = field(default_factory=dict)  # outputs into regions
 
     def fresh(self) -> list[Slot]:
         return [slot for _, slot in self.taken if not slot.registered]
@@ -155,11 +157,19 @@ class Planner:
     use_shm: bool
     threshold: int
 
-    def prepare(self, inputs: Mapping[str, Any], outputs: OutputSpec) -> Prepared:
+    def wants_layouts(self, outputs: OutputSpec) -> bool:
+        """Whether named outputs might go into regions (their sizes are then needed)."""
+        return self.use_shm and outputs is not None
+
+    def prepare(
+        self, inputs: Mapping[str, Any], outputs: OutputSpec,
+        layouts: Mapping[str, OutputLayout] | None = None,
+    ) -> Prepared:  # fmt: skip
+        """``layouts``: the model's fixed-size outputs, which may be written into regions."""
         described = [describe(name, value) for name, value in inputs.items()]
         prepared = Prepared([], *self._outputs(outputs))
         try:
-            self._place(described, prepared)
+            self._place(described, prepared, self._placeable(prepared, layouts or {}))
         except BaseException:
             self.give_back(prepared)  # nothing registered yet: fresh regions are destroyed
             raise
@@ -173,8 +183,24 @@ class Planner:
         kwargs = {"binary_data": True} if self.target.protocol == "http" else {}
         return [self.lib.InferRequestedOutput(n, **kwargs) for n in devices], devices
 
-    def _place(self, described: list[HostInput | DeviceInput], prepared: Prepared) -> None:
-        by_pool: dict[int, list[HostInput | DeviceInput]] = {}
+    def _placeable(
+        self, prepared: Prepared, layouts: Mapping[str, OutputLayout]
+    ) -> list[PlacedOutput]:
+        """Requested outputs of fixed size: on a GPU, or big enough on the host."""
+        placed: list[PlacedOutput] = []
+        for name, device in prepared.devices.items():
+            layout = layouts.get(name)
+            if layout is None or not self.use_shm:
+                continue
+            if device is not None or layout.nbytes >= self.threshold:
+                placed.append(PlacedOutput(layout, -1 if device is None else device))
+        return placed
+
+    def _place(
+        self, described: list[HostInput | DeviceInput], prepared: Prepared,
+        outputs: list[PlacedOutput],
+    ) -> None:  # fmt: skip
+        by_pool: dict[int, list[HostInput | DeviceInput | PlacedOutput]] = {}
         for tensor in described:
             if isinstance(tensor, DeviceInput):
                 prepared.keepalive.append(tensor.keepalive)
@@ -186,18 +212,26 @@ class Planner:
                 by_pool.setdefault(-1, []).append(tensor)
             else:
                 prepared.inputs.append(self._inline(tensor))
-        for device, tensors in by_pool.items():
+        for output in outputs:
+            by_pool.setdefault(output.device, []).append(output)
+        requested = {o.name(): o for o in prepared.outputs or []}
+        for device, items in by_pool.items():
             pool = self.pools.host_pool() if device < 0 else self.pools.gpu_pool(device)
             offsets, end = [], 0
-            for tensor in tensors:
+            for item in items:
                 offsets.append(aligned(end))
-                end = offsets[-1] + _nbytes(tensor)
+                end = offsets[-1] + _nbytes(item)
             slot = pool.take(end)
             prepared.taken.append((pool, slot))
-            for tensor, offset in zip(tensors, offsets, strict=True):
-                _write(slot, tensor, offset)
-                infer_input = self.lib.InferInput(tensor.name, tensor.shape, tensor.dtype.wire)
-                infer_input.set_shared_memory(slot.name, _nbytes(tensor), offset=offset)
+            for item, offset in zip(items, offsets, strict=True):
+                if isinstance(item, PlacedOutput):
+                    item.slot, item.offset = slot, offset
+                    prepared.placed[item.layout.name] = item
+                    requested[item.layout.name].set_shared_memory(slot.name, _nbytes(item), offset)
+                    continue
+                _write(slot, item, offset)
+                infer_input = self.lib.InferInput(item.name, item.shape, item.dtype.wire)
+                infer_input.set_shared_memory(slot.name, _nbytes(item), offset=offset)
                 prepared.inputs.append(infer_input)
 
     def _inline(self, tensor: HostInput) -> Any:
@@ -216,6 +250,10 @@ class Planner:
         names = list(prepared.devices) or _output_names(result, self.target.protocol)
         out: dict[str, Any] = {}
         for name in names:
+            placed = prepared.placed.get(name)
+            if placed is not None:
+                out[name] = read_placed(result, self.target.protocol, placed)
+                continue
             array = result.as_numpy(name)
             device = prepared.devices.get(name)
             out[name] = array if device is None else _to_device(name, array, device)
@@ -239,8 +277,10 @@ def _bf16_for_tritonclient(storage: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return storage.view(ml_dtypes.bfloat16)
 
 
-def _nbytes(tensor: HostInput | DeviceInput) -> int:
-    return tensor.nbytes if isinstance(tensor, DeviceInput) else len(tensor.data)
+def _nbytes(item: HostInput | DeviceInput | PlacedOutput) -> int:
+    if isinstance(item, PlacedOutput):
+        return item.layout.nbytes
+    return item.nbytes if isinstance(item, DeviceInput) else len(item.data)
 
 
 def _write(slot: Slot, tensor: HostInput | DeviceInput, offset: int) -> None:

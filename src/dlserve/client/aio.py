@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from dlserve.client._outputs import LayoutCache, OutputLayout
 from dlserve.client._pool import RegionPool, Slot
 from dlserve.client._request import (
     PID_HEADER,
@@ -60,6 +61,7 @@ class AsyncClient:
         self.api: Any = lib.InferenceServerClient(self.target.url, verbose=verbose, **kwargs)
         self._pools = Pools(max_free_regions)
         self._planner = Planner(lib, self.target, self._pools, use_shm, shm_threshold)
+        self._layouts = LayoutCache()
         # Unclosed at collection or exit: a blocking client unregisters what is left.
         blocking = _Connections(self.target, _library(self.target), verbose)
         self._finalizer = weakref.finalize(self, _release, blocking, self._pools)
@@ -72,7 +74,10 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """As :meth:`dlserve.client.Client.infer`."""
-        prepared = self._planner.prepare(inputs, outputs)
+        layouts = None
+        if self._planner.wants_layouts(outputs):
+            layouts = await self._fixed_outputs(model, model_version)
+        prepared = self._planner.prepare(inputs, outputs, layouts)
         try:
             for slot in prepared.fresh():
                 name, args = register_args(slot)
@@ -84,9 +89,24 @@ class AsyncClient:
                 **self._planner.timeout(timeout),
             )  # fmt: skip
             return self._planner.results(result, prepared)
+        except BaseException:
+            self._layouts.forget(model, model_version)  # the model may have changed
+            raise
         finally:
             for pool, slot in self._planner.give_back(prepared):
                 await self._drop(pool, slot)
+
+    async def _fixed_outputs(self, model: str, version: str) -> dict[str, OutputLayout]:
+        known = self._layouts.get(model, version)
+        if known is None:
+            grpc = self.target.protocol == "grpc"
+            try:
+                kwargs = {"as_json": True} if grpc else {}
+                config = await self.api.get_model_config(model, version, **kwargs)
+            except Exception:
+                return {}  # infer reports what is wrong with the model
+            known = self._layouts.put(model, version, config, self.target.protocol)
+        return known
 
     async def _drop(self, pool: RegionPool, slot: Slot) -> None:
         try:

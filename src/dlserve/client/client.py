@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from dlserve.client._outputs import LayoutCache, OutputLayout
 from dlserve.client._pool import RegionPool, Slot
 from dlserve.client._request import (
     PID_HEADER,
@@ -122,6 +123,7 @@ class Client:
         self._connections = _Connections(self.target, self._lib, verbose)
         self._pools = Pools(max_free_regions)
         self._planner = Planner(self._lib, self.target, self._pools, use_shm, shm_threshold)
+        self._layouts = LayoutCache()
         self._finalizer = weakref.finalize(self, _release, self._connections, self._pools)
         if use_shm:
             sweep_stale_objects()
@@ -143,8 +145,11 @@ class Client:
         ``timeout``: seconds the gRPC call may take (HTTP: the connection's own timeouts).
         """
         self._check_fork()
-        prepared = self._planner.prepare(inputs, outputs)
         api = self._connections.get()
+        layouts = None
+        if self._planner.wants_layouts(outputs):
+            layouts = self._fixed_outputs(api, model, model_version)
+        prepared = self._planner.prepare(inputs, outputs, layouts)
         try:
             for slot in prepared.fresh():
                 name, args = register_args(slot)
@@ -156,9 +161,23 @@ class Client:
                 **self._planner.timeout(timeout),
             )  # fmt: skip
             return self._planner.results(result, prepared)
+        except BaseException:
+            self._layouts.forget(model, model_version)  # the model may have changed
+            raise
         finally:
             for pool, slot in self._planner.give_back(prepared):
                 _drop(self._connections, pool, slot)
+
+    def _fixed_outputs(self, api: Any, model: str, version: str) -> dict[str, OutputLayout]:
+        known = self._layouts.get(model, version)
+        if known is None:
+            grpc = self.target.protocol == "grpc"
+            try:
+                config = api.get_model_config(model, version, **({"as_json": True} if grpc else {}))
+            except Exception:
+                return {}  # infer reports what is wrong with the model
+            known = self._layouts.put(model, version, config, self.target.protocol)
+        return known
 
     def registered_regions(self) -> int:
         """How many regions this client holds (idle or in use)."""
