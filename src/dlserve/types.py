@@ -26,22 +26,35 @@ class RegionRef:
 
 @dataclass(frozen=True, slots=True)
 class RegionSpan:
-    """A :class:`RegionRef` the core has checked: where the bytes are in the client's object."""
+    """A :class:`RegionRef` the core has checked: where the bytes are in the client's memory.
+
+    System shared memory: ``key`` names the object and ``offset`` counts from its start.
+    CUDA shared memory: ``handle`` is the allocation's CUDA IPC handle, ``device`` its GPU,
+    and ``offset`` counts from the allocation's start.
+    """
 
     region_id: int  # unique for the server's lifetime: workers cache their mappings by it
-    key: str  # the shared-memory object's name (shm_open's)
-    offset: int  # from the start of the object
+    key: str  # the shared-memory object's name (shm_open's); "" for CUDA
+    offset: int
     byte_size: int
+    handle: bytes = b""  # CUDA: the cudaIpcMemHandle_t's 64 bytes
+    device: int = -1  # CUDA: the GPU the memory is on; -1 for system shared memory
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device >= 0
 
 
 @dataclass(frozen=True, slots=True)
 class RegionStatus:
-    """A registered system shared-memory region, as the status call lists it."""
+    """A registered region, as the status calls list it (``key``/``offset``: system
+    shared memory; ``device_id``: CUDA shared memory)."""
 
     name: str
     key: str
     offset: int
     byte_size: int
+    device_id: int = -1
 
 
 @dataclass(frozen=True, slots=True)

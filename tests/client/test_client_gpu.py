@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import EXAMPLES, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
 from dlserve.client import Client, DeviceArray
 from dlserve.client import cuda_shared_memory as cudashm
 
@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("gpu_repo")
     for model in ("add_sub", "double"):
         shutil.copytree(EXAMPLES / model, repository / model)
-    shutil.copytree(HERE / "seed_repo" / "your_python_model", repository / "your_python_model")
+    shutil.copytree(TEST_MODELS / "your_python_model", repository / "your_python_model")
     with run_server(repository) as running:
         yield running
 

@@ -439,22 +439,7 @@ def test_load_rejects_files_and_bad_parameters(
     assert explicit_client.is_model_ready("add_sub")
 
 
-# -- CUDA shared memory (a later issue), trace and log settings ------------------------
-@pytest.mark.parametrize(
-    ("call", "args"),
-    [
-        ("get_cuda_shared_memory_status", ()),
-        ("register_cuda_shared_memory", ("r", b"\0" * 64, 0, 64)),
-        ("unregister_cuda_shared_memory", ()),
-    ],
-)
-def test_cuda_shared_memory_is_unimplemented(
-    client: grpcclient.InferenceServerClient, call: str, args: tuple[Any, ...]
-) -> None:
-    message = raises_status("UNIMPLEMENTED", getattr(client, call), *args)
-    assert "shared memory is not supported yet" in message
-
-
+# -- trace and log settings ------------------------------------------------------------
 def test_trace_settings(explicit_client: grpcclient.InferenceServerClient) -> None:
     settings = explicit_client.get_trace_settings().settings
     assert list(settings["trace_level"].value) == ["OFF"]

@@ -409,21 +409,6 @@ def test_trace_settings(
     assert error_of(example_server, "GET", "/v2/models/nope/trace/setting")[0] == 400
 
 
-def test_cuda_shared_memory_is_not_supported_yet(
-    client: httpclient.InferenceServerClient,
-) -> None:
-    calls = [
-        client.get_cuda_shared_memory_status,
-        client.unregister_cuda_shared_memory,
-        lambda: client.register_cuda_shared_memory("r", b"handle", 0, 64),
-    ]
-    for call in calls:
-        with pytest.raises(InferenceServerException) as info:
-            call()
-        assert info.value.status() == "501"
-        assert "shared memory is not supported" in info.value.message()
-
-
 def test_openapi_document(example_server: RunningServer) -> None:
     status, _, content = raw(example_server, "GET", "/v2/openapi.json")
     assert status == 200

@@ -61,7 +61,7 @@ def _storage_form(name: str, array: npt.NDArray[Any], dtype: dtypes.DType) -> np
 
 
 class Tensor:
-    __slots__ = ("_array", "_dtype", "_gpu", "_keepalive", "_name")
+    __slots__ = ("_array", "_dtype", "_gpu", "_keepalive", "_name", "_on_legacy_stream")
 
     def __init__(
         self, name: str, numpy_array: npt.ArrayLike, dtype: str | int | None = None
@@ -81,6 +81,7 @@ class Tensor:
         self._dtype = resolved
         self._gpu: dlpack.DLTensorInfo | None = None
         self._keepalive: object = None
+        self._on_legacy_stream = False
 
     @classmethod
     def _wrap(cls, name: str, array: npt.NDArray[Any], dtype: dtypes.DType) -> Tensor:
@@ -91,6 +92,16 @@ class Tensor:
         tensor._dtype = dtype
         tensor._gpu = None
         tensor._keepalive = None
+        tensor._on_legacy_stream = False
+        return tensor
+
+    @classmethod
+    def _wrap_gpu(cls, name: str, info: dlpack.DLTensorInfo, keepalive: object) -> Tensor:
+        """Internal: a GPU tensor over memory that is ready now (nothing pending on any
+        stream); ``keepalive`` owns the memory."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._dtype, tensor._array = name, info.dtype, None
+        tensor._gpu, tensor._keepalive, tensor._on_legacy_stream = info, keepalive, False
         return tensor
 
     # -- Triton's accessors --------------------------------------------------------------
@@ -135,8 +146,12 @@ class Tensor:
             raise TritonModelException(f"to_dlpack('{self._name}'): {exc}") from None
 
     def __dlpack__(self, stream: int | None = None, **kwargs: Any) -> object:
-        # The data is ready: inputs are written before execute, GPU tensors are
-        # synchronized when imported. A legacy capsule is valid for any max_version.
+        """DLPack's protocol: work the consumer queues on ``stream`` comes after the data
+        is ready. Inputs are ready before execute; a tensor imported from a producer is
+        ready on CUDA's legacy default stream, so another stream is made to wait on it.
+        A legacy capsule is valid for any max_version."""
+        if self._on_legacy_stream and stream is not None and stream not in (-1, gpu.LEGACY_STREAM):
+            gpu.make_stream_wait(stream)
         return self.to_dlpack()
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -153,10 +168,12 @@ class Tensor:
         result = cls.__new__(cls)
         result._name, result._dtype, result._gpu = name, info.dtype, None
         result._keepalive = keepalive
+        result._on_legacy_stream = False
         if info.device_type == dlpack.CUDA:
             if info.strides is not None:
                 raise TritonModelException(_NOT_CONTIGUOUS)
             result._array, result._gpu = None, info
+            result._on_legacy_stream = True
         elif info.device_type in (dlpack.CPU, dlpack.CUDA_HOST):
             array = dlpack.host_array(info, keepalive)
             if info.strides is not None:
@@ -173,6 +190,11 @@ class Tensor:
     @property
     def dtype(self) -> dtypes.DType:
         return self._dtype
+
+    @property
+    def gpu_info(self) -> dlpack.DLTensorInfo | None:
+        """Where a GPU tensor's bytes are (None for a host tensor)."""
+        return self._gpu
 
     @property
     def storage(self) -> npt.NDArray[Any]:

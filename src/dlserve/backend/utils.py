@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from dlserve.backend.errors import TritonModelException
+from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.request import InferenceRequest, InferenceResponse
 from dlserve.backend.tensor import Tensor
 from dlserve.tensors import dtypes
@@ -52,6 +52,43 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
         if tensor.name() == name:
             return tensor
     return None
+
+
+def get_output_buffer(
+    request: InferenceRequest, name: str, shape: Sequence[int], dtype: str | int | Any
+) -> Tensor:
+    """dlserve's addition: a tensor over the place where output ``name`` of ``request``
+    must end up, for the model to write into (zero copies). Return it in the response's
+    output tensors as it is, or wrapped again with ``Tensor.from_dlpack``.
+
+    In a client's CUDA shared-memory region it is a GPU tensor on the region's device; in a
+    system shared-memory region, or when the output goes back in the response, a host
+    tensor. ``dtype`` is a wire name ("FP32"), a TYPE_* code or a numpy dtype.
+    """
+    resolved = _dtype_of(dtype)
+    if resolved is None:
+        raise TritonModelException(f"get_output_buffer('{name}'): unknown data type {dtype!r}")
+    make = getattr(request, "_output_buffer", None)
+    if make is None:
+        raise TritonModelException(
+            "get_output_buffer works for the requests that execute() receives"
+        )
+    try:
+        tensor: Tensor = make(name, [int(dim) for dim in shape], resolved)
+    except TritonError as exc:
+        raise TritonModelException(exc.message()) from None
+    return tensor
+
+
+def _dtype_of(dtype: str | int | Any) -> dtypes.DType | None:
+    if isinstance(dtype, str):
+        return dtypes.from_wire(dtype) or dtypes.from_config(dtype)
+    if isinstance(dtype, int):
+        return dtypes.BY_CONFIG_CODE.get(dtype)
+    try:
+        return dtypes.from_numpy(np.dtype(dtype))
+    except TypeError:
+        return None
 
 
 def _config_entry(model_config: ModelConfigLike, key: str, name: str) -> Any:

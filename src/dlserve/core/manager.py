@@ -48,6 +48,7 @@ class ModelVersion:
     pool: WorkerPool
     validator: RequestValidator
     stats: ModelStats
+    warned_cross_device: bool = False
 
     @property
     def ready(self) -> bool:

@@ -59,6 +59,11 @@ _TRITON_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
         "Cumulative inference compute output duration in microseconds",
         lambda s: s.compute_output.ns // 1000,
     ),
+    (
+        "dlserve_cross_device_requests_total",
+        "Requests whose CUDA input was on a GPU where the model has no instance",
+        lambda s: s.cross_device,
+    ),
 )
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 

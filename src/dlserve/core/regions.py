@@ -1,9 +1,12 @@
-"""The system shared-memory regions clients registered: register, look up, count, unregister.
+"""The shared-memory regions clients registered: register, look up, count, unregister.
 
-A region is ``byte_size`` bytes of a client's POSIX shared-memory object (its key) from
-``offset``. The server process never maps one: it opens the object only to check its size
-at registration. Each worker maps a region the first time a request brings it one and keeps
-the mapping until the region goes (``workers/regions.py``).
+A system region is ``byte_size`` bytes of a client's POSIX shared-memory object (its key)
+from ``offset``. The server process never maps one: it opens the object only to check its
+size at registration. A CUDA region is the first ``byte_size`` bytes of a client's GPU
+allocation, named by its CUDA IPC handle; the server opens the handle once at registration
+to check it (the device, the allocation's size) and closes it again. Each worker maps a
+region the first time a request brings it one and keeps the mapping until the region goes
+(``workers/regions.py``). Both kinds share one namespace of names, as in Triton.
 
 Unregistering a region that requests are using succeeds at once, as in Triton: the region
 stays (listed by status, usable by requests) until its last request has finished; then it
@@ -54,6 +57,8 @@ class Region:
     offset: int
     byte_size: int
     id: int
+    handle: bytes = b""  # CUDA: the allocation's cudaIpcMemHandle_t
+    device: int = -1  # CUDA: its GPU; -1 for system shared memory
     uses: int = 0  # requests in flight that use it
     unregistered: bool = False  # goes once ``uses`` is back to 0
     users: weakref.WeakSet[RegionUser] = field(default_factory=weakref.WeakSet)
@@ -75,7 +80,14 @@ class Region:
             raise errors.InvalidArgumentError(
                 f"Invalid offset + byte size for shared memory region: '{name}'"
             )
-        return RegionSpan(self.id, self.key, self.offset + offset, size)
+        return RegionSpan(self.id, self.key, self.offset + offset, size, self.handle, self.device)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device >= 0
+
+    def status(self) -> RegionStatus:
+        return RegionStatus(self.name, self.key, self.offset, self.byte_size, self.device)
 
 
 @dataclass(slots=True)
@@ -85,6 +97,14 @@ class RegionLease:
     inputs: dict[str, RegionSpan]
     outputs: dict[str, RegionSpan]
     regions: list[Region]
+
+    @property
+    def device(self) -> int | None:
+        """The GPU of the request's first CUDA input, if it has one (it decides routing)."""
+        for span in self.inputs.values():
+            if span.is_cuda:
+                return span.device
+        return None
 
     def bind(self, worker: RegionUser) -> None:
         """``worker`` gets these regions: it is told to unmap them when they go."""
@@ -128,18 +148,22 @@ class RegionRegistry:
                 "'--allow-client-shm=any' to accept it from anywhere."
             )
 
+    def check_new(self, name: str, peer: Peer | None, what: str = "system shared memory") -> None:
+        """Refuse a registration before anything is opened: policy, name, duplicates."""
+        self.check_peer(peer)
+        if not name:
+            raise errors.InvalidArgumentError(
+                f"'region name' is necessary to register {what} region"
+            )
+        if name in self._regions:
+            raise errors.AlreadyExistsError(f"shared memory region '{name}' already in manager")
+
     def register(
         self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None,
         owners: Iterable[int] = (),
     ) -> None:  # fmt: skip
-        self.check_peer(peer)
-        if not name:
-            raise errors.InvalidArgumentError(
-                "'region name' is necessary to register system shared memory region"
-            )
+        self.check_new(name, peer)
         _check_key(name, key)
-        if name in self._regions:
-            raise errors.AlreadyExistsError(f"shared memory region '{name}' already in manager")
         size = _object_size(key)
         if offset < 0 or byte_size < 0 or offset + byte_size > size:
             raise errors.InvalidArgumentError(
@@ -148,13 +172,24 @@ class RegionRegistry:
         region = Region(name, key, offset, byte_size, next(self._ids), owners=set(owners))
         self._regions[name] = region
 
-    def unregister(self, name: str, peer: Peer | None) -> None:
-        """Unregister ``name`` (every region when ""); an unknown name is not an error."""
+    def add_cuda(
+        self, name: str, handle: bytes, device: int, byte_size: int, owners: Iterable[int] = ()
+    ) -> None:
+        """Add a CUDA region whose handle the caller has checked (``check_new`` first)."""
+        if name in self._regions:  # registered meanwhile, while the handle was checked
+            raise errors.AlreadyExistsError(f"shared memory region '{name}' already in manager")
+        region = Region(name, "", 0, byte_size, next(self._ids), handle=handle, device=device,
+                        owners=set(owners))  # fmt: skip
+        self._regions[name] = region
+
+    def unregister(self, name: str, peer: Peer | None, cuda: bool = False) -> None:
+        """Unregister ``name`` (every region of the kind when ""); an unknown name, or one
+        of the other kind, is not an error (as in Triton)."""
         self.check_peer(peer)
         names = [name] if name else list(self._regions)
         for each in names:
             region = self._regions.get(each)
-            if region is not None:
+            if region is not None and region.is_cuda == cuda:
                 self._unregister(region)
 
     def _unregister(self, region: Region) -> None:
@@ -165,7 +200,8 @@ class RegionRegistry:
 
     # -- reclaim (core/owners.py decides when) ------------------------------------------
     def reclaim(self, pid: int) -> list[str]:
-        """Process ``pid`` exited: unregister the regions no living owner is left to."""
+        """Process ``pid`` exited: unregister the regions (of either kind) no living owner
+        is left to."""
         gone: list[str] = []
         for region in list(self._regions.values()):
             if pid in region.owners:
@@ -188,15 +224,25 @@ class RegionRegistry:
         """Every process that owns a region."""
         return {pid for region in self._regions.values() for pid in region.owners}
 
-    def status(self, name: str = "") -> list[RegionStatus]:
+    def status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
+        """The regions of one kind (system, or CUDA), or the one named; Triton's messages."""
         if name:
             region = self._regions.get(name)
             if region is None:
-                raise errors.NotFoundError(f"Unable to find system shared memory region: '{name}'")
+                kind = "cuda" if cuda else "system"
+                raise errors.NotFoundError(f"Unable to find {kind} shared memory region: '{name}'")
+            if region.is_cuda != cuda:
+                registered, asked = ("system", "CUDA") if cuda else ("CUDA", "system")
+                raise errors.NotFoundError(
+                    f"The region named '{name}' is registered as {registered} shared memory, "
+                    f"not {asked} shared memory"
+                )
             regions: Iterable[Region] = [region]
         else:
-            regions = sorted(self._regions.values(), key=lambda r: r.name)
-        return [RegionStatus(r.name, r.key, r.offset, r.byte_size) for r in regions]
+            regions = sorted(
+                (r for r in self._regions.values() if r.is_cuda == cuda), key=lambda r: r.name
+            )
+        return [r.status() for r in regions]
 
     # -- inference ----------------------------------------------------------------------
     def lease(self, request: InferRequest) -> RegionLease | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlserve import __version__, errors
+from dlserve.core import cuda_check
 from dlserve.core.config import config_to_dict
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
@@ -29,7 +30,7 @@ from dlserve.types import (
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers.client import WorkerReply
+from dlserve.workers.client import WorkerBase, WorkerReply
 
 log = logging.getLogger("dlserve")
 
@@ -201,10 +202,11 @@ class InferenceService:
         lease: RegionLease | None = self.regions.lease(request)
         try:
             inputs, batch = loaded.validator.check(request)
-            worker = loaded.pool.pick()
             outputs = [o.name for o in request.outputs]
             if lease is None:
+                worker = loaded.pool.pick()
                 return await worker.infer(request.id, inputs, outputs, request.parameters), batch
+            worker = self._pick_for(loaded, lease.device)
             lease.bind(worker)
             reply = await worker.infer(
                 request.id, inputs, outputs, request.parameters, lease.inputs, lease.outputs
@@ -214,23 +216,54 @@ class InferenceService:
             if lease is not None:
                 self.regions.release(lease)
 
-    # -- system shared memory -----------------------------------------------------------
-    def shm_status(self, name: str = "") -> list[RegionStatus]:
-        return self.regions.status(name)
+    def _pick_for(self, loaded: ModelVersion, device: int | None) -> WorkerBase:
+        """An instance on the GPU of the request's CUDA input when the model has one;
+        otherwise any, served across devices (said once, and counted)."""
+        worker, same_device = loaded.pool.pick_on(device)
+        if not same_device:
+            loaded.stats.cross_device += 1
+            if not loaded.warned_cross_device:
+                loaded.warned_cross_device = True
+                log.warning(
+                    "model '%s' version %s has no instance on GPU %s, where a request's CUDA "
+                    "input is: it is served across devices (counted in "
+                    "dlserve_cross_device_requests_total; said once)",
+                    loaded.name, loaded.version, device,
+                )  # fmt: skip
+        return worker
+
+    # -- system and CUDA shared memory --------------------------------------------------
+    def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
+        return self.regions.status(name, cuda)
 
     async def register_shm(
         self, name: str, key: str, offset: int, byte_size: int, peer: Peer
     ) -> None:
         """Register the region; it belongs to the local process that asked, if one can be
         told (``core/owners.py``), and is reclaimed when that process exits."""
-        self.regions.check_peer(peer)
+        self.regions.check_new(name, peer)  # before the owner is looked for
         owners = await self.owners.owners_of(peer)
         self.regions.register(name, key, offset, byte_size, peer, owners)
         self.owners.watch(owners)
 
-    def unregister_shm(self, name: str, peer: Peer) -> None:
-        """Unregister ``name``, or every region when it is ""."""
-        self.regions.unregister(name, peer)
+    async def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, peer: Peer
+    ) -> None:
+        """Register a CUDA region once its handle is checked (off the event loop: the
+        first open creates the server's CUDA context); it belongs to the local process that
+        asked, as a system region does."""
+        self.regions.check_new(name, peer, "cuda shared memory")
+        cuda_check.check_handle_bytes(raw_handle)
+        owners = await self.owners.owners_of(peer)
+        await asyncio.to_thread(
+            cuda_check.check_registration, name, raw_handle, device_id, byte_size
+        )
+        self.regions.add_cuda(name, raw_handle, device_id, byte_size, owners)
+        self.owners.watch(owners)
+
+    def unregister_shm(self, name: str, peer: Peer, cuda: bool = False) -> None:
+        """Unregister ``name``, or every region of the kind when it is ""."""
+        self.regions.unregister(name, peer, cuda)
 
     # -- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:

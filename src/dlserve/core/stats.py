@@ -48,6 +48,7 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     failures_by_reason: dict[str, int] = field(default_factory=dict)
+    cross_device: int = 0  # requests whose CUDA input is on a GPU without an instance
     batches: dict[int, _Batch] = field(default_factory=dict)
 
     def record_success(

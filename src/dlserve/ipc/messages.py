@@ -22,6 +22,7 @@ class Where(enum.IntEnum):
     OUTPUT_ARENA = 2  # the worker-owned output arena
     NOWHERE = 3  # no data (output written into a client region elsewhere)
     CLIENT_REGION = 4  # a client's shared-memory object (key), at offset from its start
+    CUDA_REGION = 5  # a client's GPU allocation (handle, device), at offset from its start
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -33,6 +34,8 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int
     region: int = 0  # CLIENT_REGION: the region's id (workers map each region once, by id)
     key: str = ""  # CLIENT_REGION: the shared-memory object's name
+    handle: bytes = b""  # CUDA_REGION: the allocation's cudaIpcMemHandle_t
+    device: int = 0  # CUDA_REGION: the GPU the allocation is on
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):

@@ -51,6 +51,11 @@ def _region_ref(
     name: str, datatype: str, span: RegionSpan, shape: list[int] | None = None
 ) -> m.TensorRef:
     """A tensor in (or an output going to) a client region; ``nbytes`` is the span's size."""
+    if span.is_cuda:
+        return m.TensorRef(
+            name, datatype, shape or [], m.Where.CUDA_REGION, span.offset, span.byte_size,
+            span.region_id, handle=span.handle, device=span.device,
+        )  # fmt: skip
     return m.TensorRef(
         name, datatype, shape or [], m.Where.CLIENT_REGION, span.offset, span.byte_size,
         span.region_id, span.key,

@@ -130,6 +130,26 @@ class WorkerPool:
             )
         return best
 
+    def pick_on(self, device: int | None) -> tuple[WorkerBase, bool]:
+        """The least busy live instance on GPU ``device`` if the model has one there (True),
+        else the least busy of all (False: the request crosses devices). ``device`` None:
+        any instance, and no crossing."""
+        if device is None:
+            return self.pick(), True
+        best: WorkerBase | None = None
+        for spec, worker in zip(self.specs, self.workers, strict=True):
+            if spec.kind != "GPU" or spec.device_id != device:
+                continue
+            if (
+                worker is not None
+                and worker.alive
+                and (best is None or worker.inflight < best.inflight)
+            ):
+                best = worker
+        if best is not None:
+            return best, True
+        return self.pick(), False
+
     async def stop(self, timeout: float) -> None:
         self._stopping = True
         for task in self._watchers:

@@ -9,16 +9,22 @@ file is SIGBUS).
 
 What stays unguarded: a client that shrinks its object *while* a model reads or writes it.
 No check can close that window; the client only hurts its own request and the worker.
+
+A CUDA region's IPC handle is opened once, on the GPU the memory lives on, the first time a
+request brings it, and closed when the server says the region is gone: never per request
+(an open costs about 470 us on an H200).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import sys
 from dataclasses import dataclass
 
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
+from dlserve.tensors import cuda_ipc
 from dlserve.tensors.shm import object_size, open_client_object
 
 
@@ -48,6 +54,24 @@ class ClientRegions:
 
     def __init__(self) -> None:
         self._mapped: dict[int, _Mapping] = {}
+        self._cuda: dict[int, tuple[int, int]] = {}  # region id -> (pointer, device)
+        self.cuda_opens = 0  # handles opened so far (each region once)
+
+    def cuda_pointer(self, ref: m.TensorRef, what: str) -> int:
+        """The device address of ``ref``'s bytes in a client's CUDA region."""
+        mapped = self._cuda.get(ref.region)
+        if mapped is None:
+            try:
+                pointer = cuda_ipc.open_handle(ref.handle, ref.device)
+            except (cuda_ipc.CudaUnavailable, cuda_ipc.CudaError) as exc:
+                raise TritonError(
+                    f"unable to open the CUDA shared memory holding {what} on GPU "
+                    f"{ref.device}: {exc}",
+                    TritonError.INTERNAL,
+                ) from None
+            mapped = self._cuda[ref.region] = (pointer, ref.device)
+            self.cuda_opens += 1
+        return mapped[0] + ref.offset
 
     def view(self, ref: m.TensorRef, what: str) -> memoryview:
         """A writable view of ``ref.nbytes`` bytes at ``ref.offset`` of the region's object.
@@ -78,12 +102,18 @@ class ClientRegions:
             mapping = self._mapped.pop(region, None)
             if mapping is not None:
                 mapping.close()
+            opened = self._cuda.pop(region, None)
+            if opened is not None:
+                try:
+                    cuda_ipc.close_handle(*opened)
+                except cuda_ipc.CudaError as exc:  # the mapping is gone either way
+                    print(f"dlserve worker: closing a CUDA IPC mapping: {exc}", file=sys.stderr)
 
     def close(self) -> None:
-        self.unmap(list(self._mapped))
+        self.unmap([*self._mapped, *self._cuda])
 
     def __len__(self) -> int:
-        return len(self._mapped)
+        return len(self._mapped) + len(self._cuda)
 
 
 def _open(key: str, what: str) -> _Mapping:

@@ -9,6 +9,7 @@ the client region the request names for them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import json
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -30,10 +30,9 @@ from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment
+from dlserve.workers import gpu_io
+from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.regions import ClientRegions
-
-# Outputs up to this size travel in the reply frame; larger ones through the arena.
-INLINE_OUTPUT_LIMIT = 64 * 1024
 
 
 class LoadError(Exception):
@@ -77,6 +76,9 @@ class ModelRunner:
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
         self.regions = ClientRegions()
+        self.gpu = gpu_io.GpuIO(gpu_io.Placement.AS_ARRIVED, 0, self.regions, self.output_arena)
+        self.device_uuid = ""
+        self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu)
 
     # -- loading ------------------------------------------------------------------------
     def update(self, load: m.Load) -> None:
@@ -94,6 +96,7 @@ class ModelRunner:
             if load.autocomplete and hasattr(self.model_class, "auto_complete_config"):
                 self.config = self._auto_complete(self.model_class)
             if load.initialize:
+                self._bind_device()
                 self.model = self.model_class()
                 if hasattr(self.model, "initialize"):
                     self._call(self.model.initialize, self.initialize_args())
@@ -101,6 +104,22 @@ class ModelRunner:
             raise
         except BaseException as exc:
             raise LoadError(describe_exception(exc, load.model_path)) from exc
+
+    def _bind_device(self) -> None:
+        """Input placement from the config; a GPU instance's device made current."""
+        load = self.load
+        try:
+            placement = gpu_io.placement_of(self.config, load.instance_kind)
+        except ValueError as exc:
+            raise LoadError(str(exc)) from None
+        self.gpu = gpu_io.GpuIO(placement, load.device_id, self.regions, self.output_arena)
+        self.outputs.gpu = self.gpu
+        pb_utils.gpu.model_name = load.model_name
+        if load.instance_kind == "GPU":
+            try:
+                self.device_uuid = gpu_io.bind_device(load.device_id)
+            except ValueError as exc:
+                raise LoadError(str(exc)) from None
 
     def _auto_complete(self, model_class: Any) -> dict[str, Any]:
         from dlserve.backend.config import ModelConfig
@@ -119,6 +138,7 @@ class ModelRunner:
             "model_instance_kind": load.instance_kind,
             "model_instance_name": load.instance_name,
             "model_instance_device_id": str(load.device_id),
+            "model_instance_device_uuid": self.device_uuid,
             "model_repository": load.model_path,
             "model_version": str(load.model_version),
             "model_name": load.model_name,
@@ -146,13 +166,13 @@ class ModelRunner:
             done, buffers = self._reply(msg, response)
         except BaseException as exc:  # the model's failure is the request's failure
             return self._error_reply(msg.rid, exc), []
+        finally:
+            self.outputs.drop_buffers()
         done.timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
         return done, buffers
 
     def _request(self, msg: m.Infer, payload: memoryview) -> pb_utils.InferenceRequest:
-        inputs = [
-            pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload)) for ref in msg.inputs
-        ]
+        inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest(
             model_name=self.load.model_name,
             inputs=inputs,
@@ -160,7 +180,16 @@ class ModelRunner:
             request_id=msg.request_id,
             parameters=msg.parameters,
         )
+        targets = {t.name: t for t in msg.output_regions}
+        outputs = self.outputs
+        request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
         return request
+
+    def _input_tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
+        if ref.where == m.Where.CUDA_REGION:
+            return self.gpu.region_input(ref)
+        tensor = pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
+        return self.gpu.place(tensor)
 
     def _input_array(
         self, ref: m.TensorRef, payload: memoryview
@@ -206,7 +235,7 @@ class ModelRunner:
             if wanted and tensor.name() not in wanted:
                 continue
             target = targets.get(tensor.name()) if targets else None
-            ref, buffer = self._output_ref(tensor, offset, target)
+            ref, buffer = self.outputs.ref(tensor, offset, target)
             refs.append(ref)
             if buffer is not None:
                 buffers.append(buffer)
@@ -214,51 +243,6 @@ class ModelRunner:
         text = response.parameters()
         params = json.loads(text) if text != "{}" else {}
         return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
-
-    def _output_ref(
-        self, tensor: pb_utils.Tensor, offset: int, target: m.TensorRef | None = None
-    ) -> tuple[m.TensorRef, memoryview | None]:
-        array = tensor.storage
-        dtype = tensor.dtype
-        shape = list(array.shape)
-        if dtype.is_bytes:
-            data = memoryview(dtypes.serialize_bytes(array))
-        else:
-            # flat bytes: memoryview cannot cast a view with a zero in its shape
-            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-        if target is not None:
-            return self._write_to_region(tensor.name(), dtype.wire, shape, data, target), None
-        if data.nbytes > INLINE_OUTPUT_LIMIT:
-            arena_offset = self.output_arena.alloc(data.nbytes)
-            if arena_offset is not None:
-                self.output_arena.view(arena_offset, data.nbytes)[:] = data
-                ref = m.TensorRef(
-                    tensor.name(),
-                    dtype.wire,
-                    shape,
-                    m.Where.OUTPUT_ARENA,
-                    arena_offset,
-                    data.nbytes,
-                )
-                return ref, None
-        return m.TensorRef(
-            tensor.name(), dtype.wire, shape, m.Where.PAYLOAD, offset, data.nbytes
-        ), data
-
-    def _write_to_region(
-        self, name: str, datatype: str, shape: list[int], data: memoryview, target: m.TensorRef
-    ) -> m.TensorRef:
-        """The output's one copy: from the model's array into the client's region."""
-        if data.nbytes > target.nbytes:
-            raise TritonError(
-                f"shared memory size specified with the request for output '{name}' "
-                f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the "
-                "results",
-                TritonError.INTERNAL,
-            )
-        written = msgspec.structs.replace(target, nbytes=data.nbytes)
-        self.regions.view(written, f"output '{name}'")[:] = data
-        return msgspec.structs.replace(written, datatype=datatype, shape=shape)
 
     def unmap_regions(self, regions: list[int]) -> None:
         self.regions.unmap(regions)

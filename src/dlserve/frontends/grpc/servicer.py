@@ -36,8 +36,6 @@ SERVER_OPTIONS: Final = (
 )
 STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 
-_CUDA_SHM_LATER: Final = "CUDA shared memory is not supported yet (it lands in a later release)"
-
 
 class GrpcServicer:
     """One method per RPC; each is registered by :func:`method_handlers`."""
@@ -170,8 +168,21 @@ class GrpcServicer:
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @grpc_errors
-    async def cuda_shm_unsupported(self, request: Any, context: Any) -> Any:
-        raise UnsupportedError(_CUDA_SHM_LATER)
+    async def cuda_shm_status(self, request: Any, context: Any) -> Any:
+        return shm.cuda_status_response(self._service.shm_status(request.name, cuda=True))
+
+    @grpc_errors
+    async def cuda_shm_register(self, request: Any, context: Any) -> Any:
+        peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
+        await self._service.register_cuda_shm(
+            request.name, request.raw_handle, request.device_id, request.byte_size, peer
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @grpc_errors
+    async def cuda_shm_unregister(self, request: Any, context: Any) -> Any:
+        self._service.unregister_shm(request.name, shm.peer_of(context.peer()), cuda=True)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings ---------------------------------------------------------
     @grpc_errors
@@ -199,7 +210,6 @@ def _unary(method: Any, request_type: Any, response_type: Any) -> Any:
 
 def method_handlers(s: GrpcServicer) -> dict[str, Any]:
     """The service's method table; the two infer RPCs pass bytes through unparsed."""
-    cuda = s.cuda_shm_unsupported
     return {
         "ServerLive": _unary(s.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
         "ServerReady": _unary(s.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
@@ -229,11 +239,13 @@ def method_handlers(s: GrpcServicer) -> dict[str, Any]:
         "SystemSharedMemoryUnregister": _unary(s.system_shm_unregister,
                                                pb.SystemSharedMemoryUnregisterRequest,
                                                pb.SystemSharedMemoryUnregisterResponse),
-        "CudaSharedMemoryStatus": _unary(cuda, pb.CudaSharedMemoryStatusRequest,
+        "CudaSharedMemoryStatus": _unary(s.cuda_shm_status, pb.CudaSharedMemoryStatusRequest,
                                          pb.CudaSharedMemoryStatusResponse),
-        "CudaSharedMemoryRegister": _unary(cuda, pb.CudaSharedMemoryRegisterRequest,
+        "CudaSharedMemoryRegister": _unary(s.cuda_shm_register,
+                                           pb.CudaSharedMemoryRegisterRequest,
                                            pb.CudaSharedMemoryRegisterResponse),
-        "CudaSharedMemoryUnregister": _unary(cuda, pb.CudaSharedMemoryUnregisterRequest,
+        "CudaSharedMemoryUnregister": _unary(s.cuda_shm_unregister,
+                                             pb.CudaSharedMemoryUnregisterRequest,
                                              pb.CudaSharedMemoryUnregisterResponse),
         "TraceSetting": _unary(s.trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
         "LogSettings": _unary(s.log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),

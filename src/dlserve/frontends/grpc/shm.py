@@ -1,4 +1,4 @@
-"""gRPC translation for system shared memory: region parameters, status, the peer.
+"""gRPC translation for system and CUDA shared memory: region parameters, status, the peer.
 
 A tensor names a region with three parameters, typed as Triton types them
 (``src/grpc/grpc_utils.h``): ``shared_memory_region`` a string_param,
@@ -19,6 +19,7 @@ from dlserve.types import Parameters, Peer, RegionRef, RegionStatus
 CLIENT_PID_HEADER: Final = "dlserve-client-pid"
 REGION_KEYS: Final = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _RegionStatusMessage: Final = pb.SystemSharedMemoryStatusResponse.RegionStatus
+_CudaRegionStatusMessage: Final = pb.CudaSharedMemoryStatusResponse.RegionStatus
 
 
 def region_of(tensor: Any) -> RegionRef | None:
@@ -75,6 +76,17 @@ def status_response(regions: Sequence[RegionStatus]) -> Any:
         regions={
             r.name: _RegionStatusMessage(
                 name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+            )
+            for r in regions
+        }
+    )
+
+
+def cuda_status_response(regions: Sequence[RegionStatus]) -> Any:
+    return pb.CudaSharedMemoryStatusResponse(
+        regions={
+            r.name: _CudaRegionStatusMessage(
+                name=r.name, device_id=r.device_id, byte_size=r.byte_size
             )
             for r in regions
         }

@@ -31,7 +31,7 @@ from dlserve import errors
 from dlserve.core.service import InferenceService
 from dlserve.frontends.http import convert
 from dlserve.frontends.http.errors import error_body, error_reply
-from dlserve.frontends.http.shm import SystemSharedMemoryRoutes, peer_of
+from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
 
 log = logging.getLogger("dlserve.http")
 
@@ -292,7 +292,7 @@ class HttpApp:
             Route("/v2/repository/models/{model}/unload", self.unload, methods=post),
             Route("/v2/logging", self.logging, methods=both),
             *SystemSharedMemoryRoutes(self.service, self._body, convert.encode_json).routes(),
-            Route("/v2/cudasharedmemory/{action:path}", self.cuda_shared_memory, methods=both),
+            *CudaSharedMemoryRoutes(self.service, self._body, convert.encode_json).routes(),
         ]
 
     async def _body(self, request: Request, what: str) -> convert.JsonObject:
@@ -376,9 +376,6 @@ class HttpApp:
             body = await self._body(request, "trace")
             self.service.trace.update(model, _trace_updates(body))
         return _json(_trace_view(self.service.trace.get(model)))
-
-    async def cuda_shared_memory(self, request: Request) -> Response:
-        raise errors.UnsupportedError("CUDA shared memory is not supported by this server yet")
 
 
 def _model(request: Request) -> tuple[str, str]:

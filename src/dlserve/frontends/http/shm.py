@@ -1,5 +1,5 @@
-"""HTTP translation for system shared memory: region parameters, and the
-``/v2/systemsharedmemory[/region/{name}]/status|register|unregister`` routes.
+"""HTTP translation for system and CUDA shared memory: region parameters, and the
+``/v2/systemsharedmemory`` and ``/v2/cudasharedmemory`` routes.
 
 Shapes and messages are Triton's (``src/http_server.cc``): a status is a JSON list of
 ``{"name", "key", "offset", "byte_size"}``; register takes ``{"key", "offset",
@@ -8,6 +8,8 @@ Shapes and messages are Triton's (``src/http_server.cc``): a status is a JSON li
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,13 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dlserve import errors
+from dlserve.core import cuda_check
 from dlserve.core.service import InferenceService
 from dlserve.types import Parameters, Peer, RegionRef
 
 JsonObject = dict[str, Any]
 ReadJson = Callable[[Request, str], Awaitable[JsonObject]]
 Encode = Callable[[object], bytes]
-_PREFIX = "/v2/systemsharedmemory"
 CLIENT_PID_HEADER = "dlserve-client-pid"  # the pid a client says it has (core/owners.py)
 
 
@@ -73,15 +75,17 @@ class SystemSharedMemoryRoutes:
         self.read_json = read_json
         self.encode = encode
 
+    prefix = "/v2/systemsharedmemory"
+
     def routes(self) -> list[Route]:
-        get, post = ["GET"], ["POST"]
-        region = f"{_PREFIX}/region/{{region}}"
+        get, post, prefix = ["GET"], ["POST"], self.prefix
+        region = f"{prefix}/region/{{region}}"
         return [
-            Route(f"{_PREFIX}/status", self.status, methods=get),
+            Route(f"{prefix}/status", self.status, methods=get),
             Route(f"{region}/status", self.status, methods=get),
-            Route(f"{_PREFIX}/register", self.register, methods=post),
+            Route(f"{prefix}/register", self.register, methods=post),
             Route(f"{region}/register", self.register, methods=post),
-            Route(f"{_PREFIX}/unregister", self.unregister, methods=post),
+            Route(f"{prefix}/unregister", self.unregister, methods=post),
             Route(f"{region}/unregister", self.unregister, methods=post),
         ]
 
@@ -113,4 +117,42 @@ class SystemSharedMemoryRoutes:
     async def unregister(self, request: Request) -> Response:
         name = request.path_params.get("region", "")
         self.service.unregister_shm(name, peer_of(request.scope.get("client")))
+        return Response(status_code=200, media_type="application/json")
+
+
+class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
+    """``/v2/cudasharedmemory[/region/{name}]/status|register|unregister``: a status is a
+    JSON list of ``{"name", "device_id", "byte_size"}``; register takes
+    ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}``."""
+
+    prefix = "/v2/cudasharedmemory"
+
+    async def status(self, request: Request) -> Response:
+        regions = self.service.shm_status(request.path_params.get("region", ""), cuda=True)
+        body = [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
+                for r in regions]  # fmt: skip
+        return Response(self.encode(body), media_type="application/json")
+
+    async def register(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
+        body = await self.read_json(request, "shared memory register")
+        raw = body.get("raw_handle")
+        if raw is None:
+            raise errors.InvalidArgumentError(
+                "Shared memory register request has no 'raw_handle' field"
+            )
+        if not isinstance(raw, dict) or type(raw.get("b64")) is not str:
+            raise errors.InvalidArgumentError("Unable to parse 'b64'")
+        byte_size, device_id = _unsigned(body, "byte_size"), _unsigned(body, "device_id")
+        try:
+            handle = base64.b64decode(raw["b64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise errors.InvalidArgumentError(cuda_check.BAD_HANDLE) from None
+        await self.service.register_cuda_shm(name, handle, device_id, byte_size, peer)
+        return Response(status_code=200, media_type="application/json")
+
+    async def unregister(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        self.service.unregister_shm(name, peer_of(request.scope.get("client")), cuda=True)
         return Response(status_code=200, media_type="application/json")

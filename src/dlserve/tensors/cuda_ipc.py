@@ -1,0 +1,272 @@
+"""The CUDA calls dlserve makes: IPC handles, copies, pinned host memory, device binding.
+
+Everything goes through cuda-python's ``cuda.bindings`` (the ``gpu`` extra), imported on
+first use: a server or worker that never meets GPU memory never loads CUDA and never
+creates a context. Errors come out as :class:`CudaError` with CUDA's own error name; the
+callers (core, workers) turn them into messages a user can act on.
+
+Streams: dlserve's copies run on CUDA's legacy default stream (``LEGACY_STREAM``), which
+orders them after work that a producer queued on the legacy stream (or on any blocking
+stream), and they are synchronized before the bytes are handed on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+HANDLE_SIZE: Final = 64  # sizeof(cudaIpcMemHandle_t)
+LEGACY_STREAM: Final = 1  # cudaStreamLegacy, as DLPack's __dlpack__(stream=1) names it
+
+
+class CudaError(RuntimeError):
+    """A CUDA call failed; ``name`` is CUDA's error name (cudaErrorInvalidValue ...)."""
+
+    def __init__(self, call: str, name: str, text: str) -> None:
+        super().__init__(f"{call} failed: {name} ({text})")
+        self.call = call
+        self.name = name
+        self.text = text
+
+
+class CudaUnavailable(RuntimeError):
+    """cuda-python is not installed, or there is no CUDA device."""
+
+
+@functools.cache
+def _runtime() -> Any:
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        try:
+            from cuda import cudart as runtime  # cuda-python before 12.6
+        except ImportError:
+            raise CudaUnavailable(
+                "CUDA support needs cuda-python (pip install 'dlserve[gpu]')"
+            ) from None
+    return runtime
+
+
+@functools.cache
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        from cuda import cuda as driver  # cuda-python before 12.6
+    return driver
+
+
+def available() -> bool:
+    """Whether cuda-python is installed and sees at least one device."""
+    try:
+        return device_count() > 0
+    except (CudaUnavailable, CudaError):
+        return False
+
+
+def _check(call: str, result: Any) -> Any:
+    """Unpack a cuda.bindings result tuple, raising CudaError when its status is not 0."""
+    err, *values = result
+    if int(err) != 0:
+        runtime = _runtime()
+        if isinstance(err, runtime.cudaError_t):
+            name = runtime.cudaGetErrorName(err)[1]
+            text = runtime.cudaGetErrorString(err)[1]
+        else:
+            driver = _driver()
+            name = driver.cuGetErrorName(err)[1]
+            text = driver.cuGetErrorString(err)[1]
+        raise CudaError(call, _text(name), _text(text))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --- devices ----------------------------------------------------------------------------
+
+
+def device_count() -> int:
+    try:
+        return int(_check("cudaGetDeviceCount", _runtime().cudaGetDeviceCount()))
+    except CudaError as exc:
+        if exc.name in ("cudaErrorNoDevice", "cudaErrorInsufficientDriver"):
+            return 0
+        raise
+
+
+def set_device(device: int) -> None:
+    """Make ``device`` (its primary context) current for this thread."""
+    _check("cudaSetDevice", _runtime().cudaSetDevice(device))
+
+
+def current_device() -> int:
+    return int(_check("cudaGetDevice", _runtime().cudaGetDevice()))
+
+
+def device_uuid(device: int) -> str:
+    """The device's UUID as nvidia-smi prints it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
+    driver = _driver()
+    _check("cuInit", driver.cuInit(0))
+    handle = _check("cuDeviceGet", driver.cuDeviceGet(device))
+    raw = bytes(_check("cuDeviceGetUuid", driver.cuDeviceGetUuid(handle)).bytes)
+    text = raw.hex()
+    return f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
+
+
+class on_device:
+    """Run a block with ``device`` current, then restore the thread's previous device."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.previous = -1
+
+    def __enter__(self) -> None:
+        self.previous = current_device()
+        if self.previous != self.device:
+            set_device(self.device)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous not in (-1, self.device):
+            set_device(self.previous)
+
+
+# --- IPC handles ------------------------------------------------------------------------
+
+
+def _handle(raw: bytes) -> Any:
+    if len(raw) != HANDLE_SIZE:
+        raise ValueError(f"a cudaIpcMemHandle_t is {HANDLE_SIZE} bytes, not {len(raw)}")
+    handle = _runtime().cudaIpcMemHandle_t()
+    # cuda-bindings 13 dropped the 'reserved' field: write the struct through its address.
+    ctypes.memmove(handle.getPtr(), raw, HANDLE_SIZE)
+    return handle
+
+
+def open_handle(raw: bytes, device: int) -> int:
+    """Map another process's allocation into this one, in ``device``'s context.
+
+    The pointer is the start of the exporter's allocation. Each open costs about 470 us
+    the first time: callers cache the pointer and close it once (:func:`close_handle`).
+    """
+    runtime = _runtime()
+    handle = _handle(raw)
+    with on_device(device):
+        ptr = _check(
+            "cudaIpcOpenMemHandle",
+            runtime.cudaIpcOpenMemHandle(handle, runtime.cudaIpcMemLazyEnablePeerAccess),
+        )
+    return int(ptr)
+
+
+def close_handle(ptr: int, device: int) -> None:
+    with on_device(device):
+        _check("cudaIpcCloseMemHandle", _runtime().cudaIpcCloseMemHandle(ptr))
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    base: int
+    size: int
+    device: int  # the device the memory lives on
+
+
+def allocation_of(ptr: int) -> Allocation:
+    """The allocation that ``ptr`` points into, and the device it lives on."""
+    driver = _driver()
+    base, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
+    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    device = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
+    return Allocation(int(base), int(size), int(device))
+
+
+def inspect_handle(raw: bytes, device: int) -> Allocation:
+    """Open a handle on ``device``, describe its allocation, close it again."""
+    ptr = open_handle(raw, device)
+    try:
+        return allocation_of(ptr)
+    finally:
+        close_handle(ptr, device)
+
+
+# --- copies and memory ------------------------------------------------------------------
+
+
+def copy(dst: int, src: int, nbytes: int, stream: int = LEGACY_STREAM) -> None:
+    """Copy ``nbytes`` between any two addresses (host or device, by UVA), then wait."""
+    if nbytes == 0:
+        return
+    runtime = _runtime()
+    kind = runtime.cudaMemcpyKind.cudaMemcpyDefault
+    _check("cudaMemcpyAsync", runtime.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+    _check("cudaStreamSynchronize", runtime.cudaStreamSynchronize(stream))
+
+
+def make_stream_wait(consumer: int, producer: int = LEGACY_STREAM) -> None:
+    """Order work later queued on ``consumer`` after what is queued on ``producer`` now."""
+    if consumer == producer:
+        return
+    runtime = _runtime()
+    event = _check(
+        "cudaEventCreateWithFlags",
+        runtime.cudaEventCreateWithFlags(runtime.cudaEventDisableTiming),
+    )
+    try:
+        _check("cudaEventRecord", runtime.cudaEventRecord(event, producer))
+        _check("cudaStreamWaitEvent", runtime.cudaStreamWaitEvent(consumer, event, 0))
+    finally:
+        _runtime().cudaEventDestroy(event)
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory from CUDA's stream-ordered pool, freed with the object."""
+
+    __slots__ = ("__weakref__", "device", "nbytes", "ptr")
+
+    def __init__(self, nbytes: int, device: int) -> None:
+        runtime = _runtime()
+        self.device = device
+        self.nbytes = nbytes
+        with on_device(device):
+            self.ptr = int(
+                _check("cudaMallocAsync", runtime.cudaMallocAsync(max(nbytes, 1), LEGACY_STREAM))
+            )
+
+    def __del__(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr:
+            try:
+                with on_device(self.device):
+                    _runtime().cudaFreeAsync(ptr, LEGACY_STREAM)
+            except Exception:
+                pass
+
+
+_pinned_lock = threading.Lock()
+_pinned: set[int] = set()
+
+
+def pin_host_memory(address: int, nbytes: int) -> None:
+    """Page-lock host memory (an arena) once so that copies to and from it run at full
+    speed; idempotent per address."""
+    with _pinned_lock:
+        if address in _pinned:
+            return
+        runtime = _runtime()
+        flags = runtime.cudaHostRegisterPortable
+        _check("cudaHostRegister", runtime.cudaHostRegister(address, nbytes, flags))
+        _pinned.add(address)
+
+
+def unpin_host_memory(address: int) -> None:
+    with _pinned_lock:
+        if address not in _pinned:
+            return
+        _pinned.discard(address)
+        _runtime().cudaHostUnregister(address)
