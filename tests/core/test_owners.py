@@ -104,6 +104,14 @@ def test_registry_reclaims_with_the_last_owner(key: str) -> None:
     assert [r.name for r in registry.status()] == ["nobody"]
 
 
+def test_cuda_regions_are_reclaimed_alike(key: str) -> None:
+    registry = RegionRegistry()
+    registry.add_cuda("gpu", bytes(64), 0, 1 << 30, owners={10})
+    registry.register("host", key, 0, 64, LOCAL, owners={10})
+    assert sorted(registry.reclaim(10)) == ["gpu", "host"]
+    assert registry.status(cuda=True) == [] and registry.status() == []
+
+
 def test_registry_drops_idle_regions(key: str) -> None:
     registry = RegionRegistry()
     registry.register("old", key, 0, 64, LOCAL)
