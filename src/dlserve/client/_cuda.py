@@ -72,8 +72,13 @@ def ipc_handle_bytes(handle: Any) -> bytes:
     return bytes((ctypes.c_char * cudart.CUDA_IPC_HANDLE_SIZE).from_address(handle.getPtr()))
 
 
-def copy(dst: int, src: int, byte_size: int) -> None:
-    """A synchronous copy between any two addresses (unified addressing tells the kinds)."""
+def copy(dst: int, src: int, byte_size: int, device: int) -> None:
+    """Copy between any two addresses (unified addressing tells the kinds), on ``device``'s
+    legacy default stream, and wait for it: cudaMemcpy alone may return before a
+    device-to-device or pageable host-to-device copy is done, and another process (the
+    server's worker) reads the destination next, on a stream of its own."""
     if byte_size:
         cudart = runtime()
-        call("cudaMemcpy", dst, src, byte_size, cudart.cudaMemcpyKind.cudaMemcpyDefault)
+        with on_device(device):
+            call("cudaMemcpy", dst, src, byte_size, cudart.cudaMemcpyKind.cudaMemcpyDefault)
+            call("cudaStreamSynchronize", cudart.cudaStreamLegacy)

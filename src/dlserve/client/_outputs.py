@@ -96,7 +96,7 @@ def read_placed(result: Any, protocol: str, placed: PlacedOutput) -> Any:
         return view.reshape(shape).copy()
     ptr = _cuda.malloc(placed.device, max(nbytes, 1))
     tensor = DeviceArray(ptr, tuple(shape), layout.dtype, placed.device)
-    _cuda.copy(ptr, slot.region.device_ptr + placed.offset, nbytes)
+    _cuda.copy(ptr, slot.region.device_ptr + placed.offset, nbytes, placed.device)
     return tensor
 
 

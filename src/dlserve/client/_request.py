@@ -293,7 +293,7 @@ def _write(slot: Slot, tensor: HostInput | DeviceInput, offset: int) -> None:
 def _to_host(tensor: DeviceInput) -> HostInput:
     """A host copy of a GPU input, for a server that cannot open CUDA IPC handles."""
     host = np.empty(tensor.nbytes, dtype=np.uint8)
-    _cuda.copy(host.ctypes.data, tensor.ptr, tensor.nbytes)
+    _cuda.copy(host.ctypes.data, tensor.ptr, tensor.nbytes, tensor.device)
     array = host.view(tensor.dtype.numpy_storage).reshape(tensor.shape)
     return HostInput(tensor.name, tensor.dtype, tensor.shape, array, host.data)
 

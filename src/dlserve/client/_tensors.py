@@ -84,7 +84,7 @@ class DeviceArray:
         host = np.ascontiguousarray(array)
         ptr = _cuda.malloc(device, max(host.nbytes, 1))
         tensor = cls(ptr, tuple(host.shape), dtype, device)
-        _cuda.copy(ptr, host.ctypes.data, host.nbytes)
+        _cuda.copy(ptr, host.ctypes.data, host.nbytes, device)
         return tensor
 
     @property
@@ -112,7 +112,7 @@ class DeviceArray:
     def numpy(self) -> npt.NDArray[Any]:
         """A host copy."""
         host = np.empty(self.shape, dtype=self.dtype.numpy_storage)
-        _cuda.copy(host.ctypes.data, self.ptr, self.nbytes)
+        _cuda.copy(host.ctypes.data, self.ptr, self.nbytes, self.device)
         return host
 
     def __repr__(self) -> str:

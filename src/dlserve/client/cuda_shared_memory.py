@@ -137,7 +137,12 @@ def set_shared_memory_by_cuda_array(
     memory) into the region at ``offset``; done when this returns."""
     _check_room(cuda_shm_handle, offset, byte_size)
     try:
-        _cuda.copy(cuda_shm_handle._base_addr + offset, int(device_ptr), byte_size)
+        _cuda.copy(
+            cuda_shm_handle._base_addr + offset,
+            int(device_ptr),
+            byte_size,
+            cuda_shm_handle._device_id,
+        )
     except Exception as exc:
         raise _wrap("unable to set values in cuda shared memory", exc) from exc
 
@@ -159,7 +164,12 @@ def set_shared_memory_region(cuda_shm_handle: CudaSharedMemoryRegion, input_valu
         host = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
         _check_room(cuda_shm_handle, offset, size)
         try:
-            _cuda.copy(cuda_shm_handle._base_addr + offset, host.ctypes.data, size)
+            _cuda.copy(
+                cuda_shm_handle._base_addr + offset,
+                host.ctypes.data,
+                size,
+                cuda_shm_handle._device_id,
+            )
         except Exception as exc:
             raise _wrap("unable to set values in cuda shared memory", exc) from exc
         offset += size
@@ -202,7 +212,7 @@ def get_contents_as_numpy(
             )
     host = np.empty(size, dtype=np.uint8)
     try:
-        _cuda.copy(host.ctypes.data, cuda_shm_handle._base_addr, size)
+        _cuda.copy(host.ctypes.data, cuda_shm_handle._base_addr, size, cuda_shm_handle._device_id)
     except Exception as exc:
         raise _wrap("failed to read cuda shared memory results", exc) from exc
     if not is_bytes:
