@@ -18,7 +18,18 @@ from typing import Any, Final
 MIN_REGION: Final = 1 << 20  # 1 MiB
 POWER_OF_TWO_UP_TO: Final = 64 << 20  # bigger requests round up to 2 MiB multiples
 ALIGN: Final = 256  # where each tensor starts in a region (CUDA's allocation alignment)
-KEY_PREFIX: Final = "dlsc_"  # system objects: /dev/shm/dlsc_<pid>_<tag>_<n>
+KEY_PREFIX: Final = "dlsc_"  # /dev/shm/dlsc_<pid namespace>_<pid>_<tag>_<kind>_<n>
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (its inode), "0" where it cannot be read: a pid means
+    something only within its namespace, and containers may share /dev/shm but not pids."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return "0"
+    inode = link.partition("[")[2].rstrip("]")
+    return inode if inode.isdigit() else "0"
 
 
 @dataclass(slots=True, eq=False)
@@ -54,7 +65,7 @@ class RegionPool:
         self._create = create
         self._destroy = destroy
         self._max_free = max_free
-        self._tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        self._tag = f"{pid_namespace()}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self._count = 0
         self._free: list[Slot] = []
         self._all: set[Slot] = set()

@@ -3,9 +3,11 @@ tritonclient's InferInputs (through the pools) and its result into tensors."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import ipaddress
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -18,7 +20,7 @@ from dlserve.client import _cuda
 from dlserve.client import cuda_shared_memory as cudashm
 from dlserve.client import shared_memory as shm
 from dlserve.client._outputs import OutputLayout, PlacedOutput, read_placed
-from dlserve.client._pool import KEY_PREFIX, RegionPool, Slot, aligned
+from dlserve.client._pool import KEY_PREFIX, RegionPool, Slot, aligned, pid_namespace
 from dlserve.client._tensors import DeviceArray, DeviceInput, HostInput, describe
 from dlserve.tensors import dtypes
 
@@ -79,9 +81,12 @@ def device_of(spec: Any) -> int | None:
 
 def sweep_stale_objects() -> None:
     """Remove the system objects of SDK processes that died without cleaning up (SIGKILL):
-    their names hold their pid. The server has reclaimed their registrations already."""
-    for path in glob.glob(f"/dev/shm/{KEY_PREFIX}*"):
-        pid = os.path.basename(path).removeprefix(KEY_PREFIX).split("_", 1)[0]
+    their names hold their PID namespace and pid. The server has reclaimed their
+    registrations already. Objects of another namespace are left alone (their pids cannot
+    be checked from here)."""
+    prefix = f"{KEY_PREFIX}{pid_namespace()}_"
+    for path in glob.glob(f"/dev/shm/{prefix}*"):
+        pid = os.path.basename(path).removeprefix(prefix).split("_", 1)[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             try:
                 if os.stat(path).st_uid == os.getuid():
@@ -92,30 +97,38 @@ def sweep_stale_objects() -> None:
 
 @dataclass(slots=True)
 class Pools:
-    """A client's pools: one of system memory, one per GPU."""
+    """A client's pools: one of system memory, one per GPU (made on first use, once even
+    when threads ask at the same time)."""
 
     max_free: int
     pid: int = field(default_factory=os.getpid)
     host: RegionPool | None = None
     gpus: dict[int, RegionPool] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def host_pool(self) -> RegionPool:
-        if self.host is None:
-            destroy = shm.destroy_shared_memory_region
-            self.host = RegionPool(-1, _create_host, destroy, self.max_free)
-        return self.host
+        with self.lock:
+            if self.host is None:
+                destroy = shm.destroy_shared_memory_region
+                self.host = RegionPool(-1, _create_host, destroy, self.max_free)
+            return self.host
 
     def gpu_pool(self, device: int) -> RegionPool:
-        pool = self.gpus.get(device)
-        if pool is None:
-            pool = self.gpus[device] = RegionPool(
-                device, lambda name, size: cudashm.create_shared_memory_region(name, size, device),
-                cudashm.destroy_shared_memory_region, self.max_free,
-            )  # fmt: skip
-        return pool
+        with self.lock:
+            pool = self.gpus.get(device)
+            if pool is None:
+                create = functools.partial(_create_cuda, device=device)
+                destroy = cudashm.destroy_shared_memory_region
+                pool = self.gpus[device] = RegionPool(device, create, destroy, self.max_free)
+            return pool
 
     def all(self) -> list[RegionPool]:
-        return ([self.host] if self.host is not None else []) + list(self.gpus.values())
+        with self.lock:
+            return ([self.host] if self.host is not None else []) + list(self.gpus.values())
+
+
+def _create_cuda(name: str, size: int, device: int) -> cudashm.CudaSharedMemoryRegion:
+    return cudashm.create_shared_memory_region(name, size, device)
 
 
 def _create_host(name: str, size: int) -> shm.SharedMemoryRegion:
