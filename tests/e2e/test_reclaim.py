@@ -202,3 +202,36 @@ def test_idle_regions_are_dropped(tmp_path: Path) -> None:
             client.close()
     finally:
         Path(f"/dev/shm{key}").unlink(missing_ok=True)
+
+
+BYSTANDER = (
+    "import sys, tritonclient.grpc as g; c = g.InferenceServerClient(sys.argv[1]); "
+    "assert c.is_server_live(); print('connected', flush=True); sys.stdin.read()"
+)
+SDK_OWNER = Path(__file__).parent.parent / "client" / "sdk_process.py"
+
+
+def test_uds_with_several_clients_believes_a_confirmed_claim(
+    server: RunningServer, uds_dir: str
+) -> None:
+    """Two processes on the socket: gRPC cannot say which one registered, but the SDK says
+    its pid (dlserve-client-pid) and the server confirms it is one of the socket's peers."""
+    url = f"unix:{uds_dir}/grpc.sock"
+    with subprocess.Popen(
+        [sys.executable, "-c", BYSTANDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as bystander:
+        assert bystander.stdout is not None
+        assert bystander.stdout.readline().strip() == b"connected"
+        with subprocess.Popen(
+            [sys.executable, str(SDK_OWNER), url, "hang"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        ) as owner:  # fmt: skip
+            assert owner.stdout is not None
+            names = set(json.loads(owner.stdout.readline())["regions"])
+            assert names and names <= registered(server)
+            owner.send_signal(signal.SIGKILL)
+            owner.wait()
+        wait_until(lambda: not names & registered(server), RECLAIM_DEADLINE_S)
+        bystander.kill()
+    for name in names:
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
