@@ -3,7 +3,9 @@
 A client process (``shm_owner.py``, unmodified tritonclient) registers system shared-memory
 regions over gRPC, HTTP or gRPC on a Unix socket and is killed with SIGKILL: within 5 s the
 server's status lists none of its regions, no worker maps them any more, the metric counts
-them, and a living client's region stays. ``--shm-idle-timeout`` drops unused regions.
+them, and a living client's region stays; a region in use when its owner dies stays until
+its request ends (reclaim is an unregister); on a Unix socket with several clients the
+SDK's confirmed pid claim names the owner. ``--shm-idle-timeout`` drops unused regions.
 Observables are the status API and /proc/*/maps, polled with a deadline.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -24,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -31,7 +35,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
 
 OWNER = Path(__file__).with_name("shm_owner.py")
 RECLAIM_DEADLINE_S = 5.0
@@ -48,6 +52,7 @@ def uds_dir() -> Iterator[str]:
 def server(tmp_path_factory: pytest.TempPathFactory, uds_dir: str) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("reclaim_repo")
     shutil.copytree(EXAMPLES / "add_sub", repository / "add_sub")
+    shutil.copytree(TEST_MODELS / "gated", repository / "gated")
     with run_server(repository, "--grpc-uds", f"{uds_dir}/grpc.sock") as running:
         yield running
 
@@ -235,3 +240,37 @@ def test_uds_with_several_clients_believes_a_confirmed_claim(
         bystander.kill()
     for name in names:
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def test_a_region_in_use_when_its_owner_dies_goes_when_the_request_ends(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """Reclaim is an unregister: a request in flight keeps its region until it ends."""
+    started, go = tmp_path / "started", tmp_path / "go"
+    for fifo in (started, go):
+        os.mkfifo(fifo)
+    api = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    with owner_process("grpc", server.grpc_url, 1) as owner:
+        data = np.arange(16, dtype=np.float32)
+        Path(f"/dev/shm{owner.keys[0]}").write_bytes(data.tobytes() + bytes(4096 - 64))
+        control = np.array([str(started).encode(), str(go).encode()], dtype=np.object_)
+        inputs = [grpcclient.InferInput("CONTROL", [2], "BYTES"),
+                  grpcclient.InferInput("DATA", [16], "FP32")]  # fmt: skip
+        inputs[0].set_data_from_numpy(control)
+        inputs[1].set_shared_memory(owner.names[0], 64)
+        api.async_infer("gated", inputs, lambda result, error: results.put(error or result))
+        with open(started) as fifo:  # execute has begun: the region is in use
+            assert fifo.readline() == "started\n"
+        before = reclaimed_metric(server, "owner_exit")
+        owner.process.send_signal(signal.SIGKILL)
+        owner.process.wait()
+        wait_until(lambda: reclaimed_metric(server, "owner_exit") == before + 1, RECLAIM_DEADLINE_S)
+        assert owner.names[0] in registered(server)  # reclaimed, but still in use
+        with open(go, "w") as fifo:
+            fifo.write("go\n")
+        result = results.get(timeout=RECLAIM_DEADLINE_S)
+        assert not isinstance(result, Exception), result
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data * 2)
+        wait_until(lambda: owner.names[0] not in registered(server), RECLAIM_DEADLINE_S)
+    api.close()
