@@ -53,6 +53,17 @@ def test_tcp_peer_process_is_found() -> None:
     assert procfs.tcp_peer_processes("not an address", 1) == set()
 
 
+def test_tcp6_peer_process_is_found() -> None:
+    try:
+        server = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with server, socket.create_connection(server.getsockname()[:2]):
+        accepted, peer = server.accept()
+        with accepted:
+            assert procfs.tcp_peer_processes(peer[0], peer[1]) == {os.getpid()}
+
+
 def test_tcp_peer_in_a_child_process() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         host, port = server.getsockname()
