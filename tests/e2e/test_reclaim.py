@@ -18,6 +18,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -274,3 +275,22 @@ def test_a_region_in_use_when_its_owner_dies_goes_when_the_request_ends(
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data * 2)
         wait_until(lambda: owner.names[0] not in registered(server), RECLAIM_DEADLINE_S)
     api.close()
+
+
+def test_grpc_uds_replaces_a_stale_socket_but_nothing_else(tmp_path: Path, uds_dir: str) -> None:
+    shutil.copytree(EXAMPLES / "add_sub", tmp_path / "add_sub")
+    stale = f"{uds_dir}/stale.sock"
+    with socket.socket(socket.AF_UNIX) as dead:  # a server that died left its socket file
+        dead.bind(stale)
+    with run_server(tmp_path, "--grpc-uds", stale):
+        client = grpcclient.InferenceServerClient(f"unix:{stale}")
+        assert client.is_server_live()
+        client.close()
+    regular = Path(f"{uds_dir}/regular")
+    regular.write_text("not a socket")
+    with (
+        pytest.raises(RuntimeError, match="exited during startup"),
+        run_server(tmp_path, "--grpc-uds", str(regular)),
+    ):
+        pass
+    assert regular.read_text() == "not a socket"
