@@ -37,10 +37,11 @@ import _triton  # a sibling module, not a package
 
 MODELS = Path(__file__).resolve().parent / "models_gpu"
 MODEL = "cuda_double"
-SIZES = {"0.6MB": [1, 3, 224, 224], "77MB": [128, 3, 224, 224]}
+SIZES = {"0.6MB": [1, 3, 224, 224], "77MB": [128, 3, 224, 224], "48B": [1, 3, 2, 2]}
 TRITON = {  # size -> (p50 us at 1 client, req/s, clients) measured for the issue on an H200
     "0.6MB": (947.0, 2078.0, 8),
     "77MB": (2707.0, 408.0, 4),
+    "48B": (float("nan"), float("nan"), 0),  # no reference: dlserve's floor for this path
 }
 
 
@@ -89,7 +90,8 @@ def client_process(url: str, shape: list[int], seconds: float, warmup: float, st
             latencies.append(time.perf_counter() - now)
         results.put(latencies)
     finally:
-        client.unregister_cuda_shared_memory()
+        for name in ("in", "out"):  # its own: the other clients' are still in use
+            client.unregister_cuda_shared_memory(f"{tag}_{name}")
         for region in regions:
             cudashm.destroy_shared_memory_region(region)
         client.close()
@@ -115,6 +117,26 @@ def measure(url: str, size: str, clients: int, args: argparse.Namespace) -> Row:
     micros = np.array(latencies) * 1e6
     p50, p99 = (float(np.percentile(micros, q)) for q in (50, 99))
     return Row(size, clients, micros.size, p50, p99, micros.size / max(elapsed, args.duration))
+
+
+def server_side(url: str) -> dict[str, float]:
+    """The server's cumulative statistics for the model (ns) and its request count."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(url) as client:
+        stats = client.get_inference_statistics(MODEL).model_stats[0]
+    parts = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+    totals = {part: float(getattr(stats.inference_stats, part).ns) for part in parts}
+    totals["count"] = float(stats.inference_stats.success.count)
+    return totals
+
+
+def print_server_side(before: dict[str, float], after: dict[str, float]) -> None:
+    """Where a request's time went inside the server, on average, in microseconds."""
+    count = after["count"] - before["count"]
+    if count:
+        parts = [f"{k} {(after[k] - before[k]) / count / 1000:.0f}" for k in before if k != "count"]
+        print(f"#   server-side us per request: {', '.join(parts)}", file=sys.stderr, flush=True)
 
 
 def report(rows: list[Row]) -> None:
@@ -144,8 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     with _triton.run_dlserve(MODELS, *_triton.free_ports(3)) as server:
         for size in args.sizes.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
+                before = server_side(server.grpc_url)
                 rows.append(measure(server.grpc_url, size, clients, args))
                 print(f"# {asdict(rows[-1])}", file=sys.stderr, flush=True)
+                print_server_side(before, server_side(server.grpc_url))
     report(rows)
     if args.json is not None:
         document = {

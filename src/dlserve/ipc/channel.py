@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar, cast
 
@@ -25,9 +26,12 @@ class ChannelClosed(Exception):
 class BlockingChannel(Generic[T]):
     """Blocking send/receive of frames; payloads land in fresh writable buffers."""
 
-    def __init__(self, sock: socket.socket, decoder: codec.Decoder[T]) -> None:
+    def __init__(self, sock: socket.socket, decoder: codec.Decoder[T], spin_ns: int = 0) -> None:
         self._sock = sock
         self._decoder = decoder
+        # Poll this long for the next bytes before sleeping in recv: a sleeping process
+        # takes tens of microseconds (more from a deep idle state) to wake up.
+        self.spin_ns = spin_ns
         self._buf = bytearray(READ_AHEAD)
         self._start = 0  # first unread byte of _buf
         self._end = 0  # end of the bytes received into _buf
@@ -83,10 +87,21 @@ class BlockingChannel(Generic[T]):
             self._start, self._end = 0, pending
         view = memoryview(self._buf)
         while self._end - self._start < count:
-            n = self._sock.recv_into(view[self._end :])
+            n = self._recv_into(view[self._end :])
             if n == 0:
                 raise ChannelClosed("connection closed")
             self._end += n
+
+    def _recv_into(self, view: memoryview) -> int:
+        if self.spin_ns:
+            deadline = time.perf_counter_ns() + self.spin_ns
+            while True:
+                try:
+                    return self._sock.recv_into(view, 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter_ns() > deadline:
+                        break
+        return self._sock.recv_into(view)
 
     def _recv_exactly(self, view: memoryview) -> None:
         got = 0

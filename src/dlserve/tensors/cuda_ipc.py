@@ -149,19 +149,18 @@ def _handle(raw: bytes) -> Any:
     return handle
 
 
-def open_handle(raw: bytes, device: int) -> int:
+def open_handle(raw: bytes, device: int, peer_access: bool = True) -> int:
     """Map another process's allocation into this one, in ``device``'s context.
 
     The pointer is the start of the exporter's allocation. Each open costs about 470 us
     the first time: callers cache the pointer and close it once (:func:`close_handle`).
+    Without ``peer_access`` the open fails unless the memory is on ``device`` itself.
     """
     runtime = _runtime()
     handle = _handle(raw)
+    flags = runtime.cudaIpcMemLazyEnablePeerAccess if peer_access else 0
     with on_device(device):
-        ptr = _check(
-            "cudaIpcOpenMemHandle",
-            runtime.cudaIpcOpenMemHandle(handle, runtime.cudaIpcMemLazyEnablePeerAccess),
-        )
+        ptr = _check("cudaIpcOpenMemHandle", runtime.cudaIpcOpenMemHandle(handle, flags))
     return int(ptr)
 
 
@@ -172,27 +171,23 @@ def close_handle(ptr: int, device: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    base: int
     size: int
     device: int  # the device the memory lives on
 
 
-def allocation_of(ptr: int) -> Allocation:
-    """The allocation that ``ptr`` points into, and the device it lives on."""
-    driver = _driver()
-    base, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
-    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    device = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
-    return Allocation(int(base), int(size), int(device))
-
-
 def inspect_handle(raw: bytes, device: int) -> Allocation:
-    """Open a handle on ``device``, describe its allocation, close it again."""
-    ptr = open_handle(raw, device)
-    try:
-        return allocation_of(ptr)
-    finally:
-        close_handle(ptr, device)
+    """The size and device of the allocation a handle names: opened in ``device``'s
+    context, asked, closed again."""
+    driver = _driver()
+    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    with on_device(device):
+        ptr = open_handle(raw, device)
+        try:
+            _, size = _check("cuMemGetAddressRange", driver.cuMemGetAddressRange(ptr))
+            owner = _check("cuPointerGetAttribute", driver.cuPointerGetAttribute(attribute, ptr))
+        finally:
+            close_handle(ptr, device)
+    return Allocation(int(size), int(owner))
 
 
 # --- copies and memory ------------------------------------------------------------------

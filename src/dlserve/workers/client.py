@@ -63,6 +63,34 @@ def _region_ref(
 
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
+LOOP_SPIN = os.environ.get("DLSERVE_LOOP_SPIN", "") == "1"
+
+
+class _Spinner:
+    """While workers have requests in flight, keep the event loop polling (a callback
+    that reschedules itself makes the loop poll its selector without sleeping), so a
+    reply is read as soon as it arrives instead of after the loop thread wakes up."""
+
+    def __init__(self) -> None:
+        self._waiting: list[dict[int, _Pending]] = []
+        self._running = False
+
+    def hold(self, pending: dict[int, _Pending]) -> None:
+        if pending not in self._waiting:
+            self._waiting.append(pending)
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().call_soon(self._spin)
+
+    def _spin(self) -> None:
+        self._waiting = [p for p in self._waiting if p]
+        if self._waiting:
+            asyncio.get_running_loop().call_soon(self._spin)
+        else:
+            self._running = False
+
+
+_spinner = _Spinner()
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
@@ -193,6 +221,8 @@ class WorkerBase:
         future: asyncio.Future[tuple[m.InferDone, memoryview]]
         future = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(future, offsets)
+        if LOOP_SPIN:
+            _spinner.hold(self._pending)
         release, self._release = self._release, []
         msg = m.Infer(rid, request_id, refs, outputs, parameters, release)
         if output_spans:

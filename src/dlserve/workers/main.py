@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
     install_pb_utils()
     sock = socket.socket(fileno=args.fd)
-    channel: Channel = BlockingChannel(sock, codec.to_worker)
+    spin_us = int(os.environ.get("DLSERVE_WORKER_SPIN_US", "0") or 0)
+    channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_us * 1000)
     arenas = (
         ShmSegment.from_fd(args.input_arena_fd, "input-arena"),
         ShmSegment.from_fd(args.output_arena_fd, "output-arena"),
