@@ -130,6 +130,10 @@ class AsyncClient:
                 await self._drop(pool, slot)
         await self.api.close()
 
+    async def close(self) -> None:
+        """As :meth:`aclose` (tritonclient's aio clients name it so)."""
+        await self.aclose()
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
