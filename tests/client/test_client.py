@@ -297,3 +297,24 @@ def test_a_killed_client_is_cleaned_up(server: RunningServer) -> None:
     assert objects_of(report["regions"]) == report["regions"]  # its object is left ...
     with contextlib.closing(Client(server.grpc_url)):
         assert objects_of(report["regions"]) == []  # ... until the next client sweeps it
+
+
+def test_a_server_that_refuses_shared_memory_gets_the_tensors_in_the_requests(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(EXAMPLES / "add_sub", tmp_path / "add_sub")
+    a = fp32()
+    with run_server(tmp_path, "--allow-client-shm", "false") as server:
+        for url in (server.grpc_url, f"http://{server.http_url}"):
+            with Client(url) as client:
+                for _ in range(2):  # refused once, then not asked again
+                    out = client.infer("add_sub", {"INPUT0": a, "INPUT1": a})
+                    np.testing.assert_array_equal(out["OUTPUT0"], 2 * a)
+                assert client.registered_regions() == 0
+
+        async def main() -> None:
+            async with AsyncClient(server.grpc_url) as client:
+                out = await client.infer("add_sub", {"INPUT0": a, "INPUT1": a}, ["OUTPUT1"])
+                np.testing.assert_array_equal(out["OUTPUT1"], 0 * a)
+
+        asyncio.run(main())

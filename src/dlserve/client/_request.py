@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import glob
 import ipaddress
+import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,8 @@ from dlserve.client._outputs import OutputLayout, PlacedOutput, read_placed
 from dlserve.client._pool import KEY_PREFIX, RegionPool, Slot, aligned, pid_namespace
 from dlserve.client._tensors import DeviceArray, DeviceInput, HostInput, describe
 from dlserve.tensors import dtypes
+
+log = logging.getLogger("dlserve.client")
 
 PID_HEADER: Final = "dlserve-client-pid"  # lets the server tell which local process owns a region
 SHM_THRESHOLD: Final = 64 * 1024  # smaller host inputs travel in the request itself
@@ -135,6 +138,14 @@ def _create_host(name: str, size: int) -> shm.SharedMemoryRegion:
     return shm.create_shared_memory_region(name, f"/{name}", size, create_only=True)
 
 
+def refused(exc: Exception) -> bool:
+    """Whether a register call failed because the server will not take shared memory
+    from this client (disabled, not local, no GPU): UNIMPLEMENTED, as dlserve and Triton
+    answer it."""
+    status = getattr(exc, "status", None)
+    return callable(status) and str(status()) in ("StatusCode.UNIMPLEMENTED", "501")
+
+
 def register_args(slot: Slot) -> tuple[str, tuple[Any, ...]]:
     """The register call for a slot: the method's name and its arguments."""
     if slot.device < 0:
@@ -169,6 +180,14 @@ class Planner:
     pools: Pools
     use_shm: bool
     threshold: int
+
+    def stop_using_shm(self, why: Exception) -> None:
+        if self.use_shm:
+            self.use_shm = False
+            log.warning(
+                "the server refuses client shared memory (%s): tensors travel in the "
+                "requests from now on", why,
+            )  # fmt: skip
 
     def wants_layouts(self, outputs: OutputSpec) -> bool:
         """Whether named outputs might go into regions (their sizes are then needed)."""

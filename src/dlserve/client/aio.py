@@ -28,8 +28,10 @@ from dlserve.client._request import (
     OutputSpec,
     Planner,
     Pools,
+    Prepared,
     Target,
     parse_url,
+    refused,
     register_args,
     sweep_stale_objects,
     unregister_name,
@@ -79,22 +81,38 @@ class AsyncClient:
             layouts = await self._fixed_outputs(model, model_version)
         prepared = self._planner.prepare(inputs, outputs, layouts)
         try:
-            for slot in prepared.fresh():
-                name, args = register_args(slot)
-                await getattr(self.api, name)(*args, headers={PID_HEADER: str(os.getpid())})
-                slot.registered = True
-            result = await self.api.infer(
-                model, prepared.inputs, model_version=model_version, outputs=prepared.outputs,
-                request_id=request_id, parameters=dict(parameters) if parameters else None,
-                **self._planner.timeout(timeout),
-            )  # fmt: skip
-            return self._planner.results(result, prepared)
+            if await self._register(prepared):
+                result = await self.api.infer(
+                    model, prepared.inputs, model_version=model_version,
+                    outputs=prepared.outputs, request_id=request_id,
+                    parameters=dict(parameters) if parameters else None,
+                    **self._planner.timeout(timeout),
+                )  # fmt: skip
+                return self._planner.results(result, prepared)
         except BaseException:
             self._layouts.forget(model, model_version)  # the model may have changed
             raise
         finally:
             for pool, slot in self._planner.give_back(prepared):
                 await self._drop(pool, slot)
+        # The server refused shared memory: from now on tensors travel in the requests.
+        return await self.infer(
+            model, inputs, outputs, model_version=model_version, request_id=request_id,
+            parameters=parameters, timeout=timeout,
+        )  # fmt: skip
+
+    async def _register(self, prepared: Prepared) -> bool:
+        try:
+            for slot in prepared.fresh():
+                name, args = register_args(slot)
+                await getattr(self.api, name)(*args, headers={PID_HEADER: str(os.getpid())})
+                slot.registered = True
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            self._planner.stop_using_shm(exc)
+            return False
+        return True
 
     async def _fixed_outputs(self, model: str, version: str) -> dict[str, OutputLayout]:
         known = self._layouts.get(model, version)

@@ -34,8 +34,10 @@ from dlserve.client._request import (
     OutputSpec,
     Planner,
     Pools,
+    Prepared,
     Target,
     parse_url,
+    refused,
     register_args,
     sweep_stale_objects,
     unregister_name,
@@ -151,22 +153,40 @@ class Client:
             layouts = self._fixed_outputs(api, model, model_version)
         prepared = self._planner.prepare(inputs, outputs, layouts)
         try:
-            for slot in prepared.fresh():
-                name, args = register_args(slot)
-                getattr(api, name)(*args, headers={PID_HEADER: str(os.getpid())})
-                slot.registered = True
-            result = api.infer(
-                model, prepared.inputs, model_version=model_version, outputs=prepared.outputs,
-                request_id=request_id, parameters=dict(parameters) if parameters else None,
-                **self._planner.timeout(timeout),
-            )  # fmt: skip
-            return self._planner.results(result, prepared)
+            if self._register(api, prepared):
+                result = api.infer(
+                    model, prepared.inputs, model_version=model_version,
+                    outputs=prepared.outputs, request_id=request_id,
+                    parameters=dict(parameters) if parameters else None,
+                    **self._planner.timeout(timeout),
+                )  # fmt: skip
+                return self._planner.results(result, prepared)
         except BaseException:
             self._layouts.forget(model, model_version)  # the model may have changed
             raise
         finally:
             for pool, slot in self._planner.give_back(prepared):
                 _drop(self._connections, pool, slot)
+        # The server refused shared memory: from now on tensors travel in the requests.
+        return self.infer(
+            model, inputs, outputs, model_version=model_version, request_id=request_id,
+            parameters=parameters, timeout=timeout,
+        )  # fmt: skip
+
+    def _register(self, api: Any, prepared: Prepared) -> bool:
+        """Register the call's new regions; False when the server refuses shared memory
+        (then the client stops using it)."""
+        try:
+            for slot in prepared.fresh():
+                name, args = register_args(slot)
+                getattr(api, name)(*args, headers={PID_HEADER: str(os.getpid())})
+                slot.registered = True
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            self._planner.stop_using_shm(exc)
+            return False
+        return True
 
     def _fixed_outputs(self, api: Any, model: str, version: str) -> dict[str, OutputLayout]:
         known = self._layouts.get(model, version)
