@@ -41,17 +41,17 @@ def describe(name: str, value: Any) -> HostInput | DeviceInput:
     if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack__"):
         return _host(name, np.asarray(value), None)
     info, keepalive = dlpack.import_capsule(value, STREAM_LEGACY)
+    if info.device_type != dlpack.CUDA:
+        return _host(name, dlpack.host_array(info, keepalive), info.dtype)  # made contiguous
     if info.strides is not None and info.strides != dlpack.compact_strides(info.shape):
         raise ValueError(
-            f"input '{name}' is not contiguous (strides {info.strides}): make it contiguous "
-            "first (torch: .contiguous(), cupy: cupy.ascontiguousarray)"
+            f"GPU input '{name}' is not contiguous (strides {info.strides}): make it "
+            "contiguous first (torch: .contiguous(), cupy: cupy.ascontiguousarray)"
         )
-    if info.device_type == dlpack.CUDA:
-        nbytes = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
-        return DeviceInput(
-            name, info.dtype, list(info.shape), info.ptr, nbytes, info.device_id, keepalive
-        )
-    return _host(name, dlpack.host_array(info, keepalive), info.dtype)
+    nbytes = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
+    return DeviceInput(
+        name, info.dtype, list(info.shape), info.ptr, nbytes, info.device_id, keepalive
+    )
 
 
 def _host(name: str, array: npt.NDArray[Any], dtype: DType | None) -> HostInput:
