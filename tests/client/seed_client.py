@@ -1,13 +1,12 @@
 # The seed's client (../shared/seeds/000_..., "第二步"), re-indented (the seed's text lost its
-# indentation) and with its cudashm import changed to dlserve's. The test runs it with
-# "localhost:8001" replaced by the test server's address.
+# indentation) and with only its two tritonclient imports changed to dlserve's drop-ins.
+# The test runs it with "localhost:8001" replaced by the test server's address.
 #
-# One more change was needed, marked below: the seed passes the handle to
-# register_cuda_shared_memory as `cuda_shm_handle=`, but tritonclient names that
-# parameter `raw_handle` (grpc and http clients alike); as written the seed raises
-# TypeError under any tritonclient, with Triton or with dlserve.
+# As written, the seed passes the handle to register_cuda_shared_memory as
+# `cuda_shm_handle=`, which tritonclient does not take (it names it `raw_handle`): the
+# seed raises TypeError under plain tritonclient; dlserve.client.grpc takes both names.
 import numpy as np
-import tritonclient.grpc as grpcclient
+import dlserve.client.grpc as grpcclient  # was: import tritonclient.grpc as grpcclient
 from dlserve.client import cuda_shared_memory as cudashm  # was: from tritonclient.utils import cuda_shared_memory as cudashm
 import torch
 
@@ -38,7 +37,7 @@ cudashm.set_shared_memory_by_cuda_array(
 # 这会把显存的 CUDA IPC handle 发送给 Triton，告诉它这块内存可供直接映射
 triton_client.register_cuda_shared_memory(
     name="input_shm",
-    raw_handle=cudashm.get_raw_handle(shm_op_handle),  # the seed: cuda_shm_handle=...
+    cuda_shm_handle=cudashm.get_raw_handle(shm_op_handle),
     device_id=0,
     byte_size=byte_size
 )

@@ -1,0 +1,20 @@
+"""The one spelling the seeds' client uses that tritonclient does not take.
+
+The seed registers CUDA memory with ``register_cuda_shared_memory(name=...,
+cuda_shm_handle=..., device_id=..., byte_size=...)``; tritonclient names that argument
+``raw_handle``, so the seed raises TypeError against any server. dlserve's drop-in client
+modules take both names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def handle_argument(raw_handle: Any, cuda_shm_handle: Any) -> Any:
+    """The handle, given once under either name."""
+    if (raw_handle is None) == (cuda_shm_handle is None):
+        raise TypeError(
+            "register_cuda_shared_memory() takes the handle once: raw_handle= or cuda_shm_handle="
+        )
+    return raw_handle if raw_handle is not None else cuda_shm_handle
