@@ -2,28 +2,9 @@
 whose ``register_cuda_shared_memory`` also takes the handle as ``cuda_shm_handle=`` (the
 spelling of the seeds' client)."""
 
-from __future__ import annotations
-
-from typing import Any
-
 from tritonclient.http import *  # noqa: F403 - the drop-in re-exports tritonclient.http
 from tritonclient.http import InferenceServerClient as _TritonClient
 
-from dlserve.client._compat import handle_argument
+from dlserve.client._compat import taking_cuda_shm_handle
 
-
-class InferenceServerClient(_TritonClient):  # type: ignore[misc]
-    def register_cuda_shared_memory(
-        self,
-        name: str,
-        raw_handle: Any = None,
-        device_id: int = 0,
-        byte_size: int = 0,
-        *args: Any,
-        cuda_shm_handle: Any = None,
-        **kwargs: Any,
-    ) -> Any:
-        handle = handle_argument(raw_handle, cuda_shm_handle)
-        return super().register_cuda_shared_memory(
-            name, handle, device_id, byte_size, *args, **kwargs
-        )
+InferenceServerClient = taking_cuda_shm_handle(_TritonClient)
