@@ -57,6 +57,19 @@ def _parser() -> argparse.ArgumentParser:
         "sleeping, and the server polls while requests are in flight (0: off)",
     )
     serve.add_argument(
+        "--grpc-uds",
+        default=None,
+        metavar="PATH",
+        help="gRPC also listens on this Unix socket (clients use the URL 'unix:PATH')",
+    )
+    serve.add_argument(
+        "--shm-idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unregister client shared memory regions no request has used for this long",
+    )
+    serve.add_argument(
         "--ready-fd",
         type=int,
         default=None,
@@ -88,5 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_fd=args.ready_fd,
         allow_client_shm=args.allow_client_shm,
         busy_poll_us=args.busy_poll_us,
+        grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
+        shm_idle_timeout=args.shm_idle_timeout,
     )
     return run(options)

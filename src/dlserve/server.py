@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlserve.core.manager import ManagerOptions
+from dlserve.core.owners import OwnerOptions
 from dlserve.core.regions import AllowClientShm
 from dlserve.core.repository import Repository
 from dlserve.core.service import InferenceService, ServiceOptions
@@ -41,6 +42,8 @@ class ServerOptions:
     shutdown_timeout: float = 30.0
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
     busy_poll_us: int = 0  # poll instead of sleeping between requests (workers and server)
+    grpc_uds: str | None = None  # gRPC also listens on this Unix socket path
+    shm_idle_timeout: float | None = None  # unregister regions unused for this long
 
 
 class Server:
@@ -53,6 +56,10 @@ class Server:
                 in_process=options.in_process_workers, busy_poll_us=options.busy_poll_us
             ),
             allow_client_shm=options.allow_client_shm,
+            owners=OwnerOptions(
+                uds_paths=(options.grpc_uds,) if options.grpc_uds else (),
+                idle_timeout=options.shm_idle_timeout,
+            ),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
         self._http = HttpServer(
@@ -72,7 +79,7 @@ class Server:
             raise FatalError(f"model repository {self.options.model_repository} is not a directory")
         await self.service.startup()
         self._grpc, grpc_port = create_grpc_server(
-            self.service, f"{self.options.host}:{self.options.grpc_port}"
+            self.service, f"{self.options.host}:{self.options.grpc_port}", self.options.grpc_uds
         )
         await self._grpc.start()
         self.ports = {
@@ -90,6 +97,8 @@ class Server:
         print(_table(("Model", "Version", "Status"), rows), flush=True)
         host = self.options.host
         print(f"Started GRPCInferenceService at {host}:{self.ports['grpc_port']}", flush=True)
+        if self.options.grpc_uds:
+            print(f"Started GRPCInferenceService at unix:{self.options.grpc_uds}", flush=True)
         print(f"Started HTTPService at {host}:{self.ports['http_port']}", flush=True)
         print(f"Started Metrics Service at {host}:{self.ports['metrics_port']}", flush=True)
         if self.options.ready_fd is not None:

@@ -90,10 +90,14 @@ class Peer:
     """Where a request came from: an IP address, or None for a Unix socket connection.
 
     An address that is not an IP address (say "") stands for a peer the frontend could not
-    tell: the core treats it as remote.
+    tell: the core treats it as remote. ``port`` is the peer's TCP port where known;
+    ``pid`` the process id a client says it has (the ``dlserve-client-pid`` header), which
+    the core believes only where the operating system confirms it (``core/owners.py``).
     """
 
     address: str | None
+    port: int | None = None
+    pid: int | None = None
 
 
 @dataclass(slots=True)

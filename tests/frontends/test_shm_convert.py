@@ -103,8 +103,8 @@ def test_grpc_raw_contents_count_only_inputs_outside_regions() -> None:
 
 @pytest.mark.parametrize(
     ("text", "peer"),
-    [("ipv4:127.0.0.1:50051", Peer("127.0.0.1")), ("ipv6:[::1]:50051", Peer("::1")),
-     ("ipv6:%5B::1%5D:7", Peer("::1")), ("ipv6:[fe80::1%25eth0]:7", Peer("fe80::1%eth0")),
+    [("ipv4:127.0.0.1:50051", Peer("127.0.0.1", 50051)), ("ipv6:[::1]:50051", Peer("::1", 50051)),
+     ("ipv6:%5B::1%5D:7", Peer("::1", 7)), ("ipv6:[fe80::1%25eth0]:7", Peer("fe80::1%eth0", 7)),
      ("unix:/tmp/socket", Peer(None)), ("unix-abstract:name", Peer(None)), ("", Peer("")),
      (None, Peer("")), ("vsock:3:4", Peer(""))],
 )  # fmt: skip
@@ -174,8 +174,19 @@ def test_http_an_output_in_a_region_is_not_also_binary_or_classified(
 
 @pytest.mark.parametrize(
     ("client", "peer"),
-    [(("127.0.0.1", 5), Peer("127.0.0.1")), (["::1", 5], Peer("::1")), (None, Peer(None)),
+    [(("127.0.0.1", 5), Peer("127.0.0.1", 5)), (["::1", 5], Peer("::1", 5)), (None, Peer(None)),
      ("odd", Peer(""))],
 )  # fmt: skip
 def test_http_peers(client: object, peer: Peer) -> None:
     assert http_shm.peer_of(client) == peer
+
+
+def test_claimed_pids() -> None:
+    """A client's word for its pid travels with the peer (the core decides whether to
+    believe it); anything but digits is no claim."""
+    assert grpc_shm.claimed_pid([("dlserve-client-pid", "42"), ("x", "1")]) == 42
+    assert grpc_shm.claimed_pid([("dlserve-client-pid", "-1")]) is None
+    assert grpc_shm.claimed_pid(None) is None
+    assert grpc_shm.peer_of("unix:", 42) == Peer(None, pid=42)
+    assert http_shm.peer_of(("127.0.0.1", 5), "42") == Peer("127.0.0.1", 5, 42)
+    assert http_shm.peer_of(None, "x") == Peer(None)

@@ -196,9 +196,11 @@ class Metrics:
     and TYPE lines; Triton does not, so the text is written here.
     """
 
-    def __init__(self, stats: Callable[[], Iterable[ModelStats]]) -> None:
+    def __init__(
+        self, stats: Callable[[], Iterable[ModelStats]], extra: Iterable[Collector] = ()
+    ) -> None:
         self.custom = CustomMetrics()
-        self._collectors: tuple[Collector, ...] = (TritonCollector(stats), self.custom)
+        self._collectors: tuple[Collector, ...] = (TritonCollector(stats), self.custom, *extra)
 
     def render(self) -> bytes:
         lines: list[str] = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import os
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -69,6 +70,9 @@ class Region:
     uses: int = 0  # requests in flight that use it
     unregistered: bool = False  # goes once ``uses`` is back to 0
     users: weakref.WeakSet[RegionUser] = field(default_factory=weakref.WeakSet)
+    # The local processes it belongs to (core/owners.py); reclaimed when the last exits.
+    owners: set[int] = field(default_factory=set)
+    last_used: float = field(default_factory=time.monotonic)  # for --shm-idle-timeout
 
     def span(self, ref: RegionRef) -> RegionSpan:
         """Where ``ref``'s bytes are in the object, checked as Triton checks them."""
@@ -162,7 +166,10 @@ class RegionRegistry:
         if name in self._regions:
             raise errors.AlreadyExistsError(f"shared memory region '{name}' already in manager")
 
-    def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None) -> None:
+    def register(
+        self, name: str, key: str, offset: int, byte_size: int, peer: Peer | None,
+        owners: Iterable[int] = (),
+    ) -> None:  # fmt: skip
         self.check_new(name, peer)
         _check_key(name, key)
         size = _object_size(key)
@@ -170,13 +177,17 @@ class RegionRegistry:
             raise errors.InvalidArgumentError(
                 f"failed to register shared memory region '{name}': invalid args"
             )
-        self._regions[name] = Region(name, key, offset, byte_size, next(self._ids))
+        region = Region(name, key, offset, byte_size, next(self._ids), owners=set(owners))
+        self._regions[name] = region
 
-    def add_cuda(self, name: str, handle: bytes, device: int, byte_size: int) -> None:
+    def add_cuda(
+        self, name: str, handle: bytes, device: int, byte_size: int, owners: Iterable[int] = ()
+    ) -> None:
         """Add a CUDA region whose handle the caller has checked (``check_new`` first)."""
         if name in self._regions:  # registered meanwhile, while the handle was checked
             raise errors.AlreadyExistsError(f"shared memory region '{name}' already in manager")
-        region = Region(name, "", 0, byte_size, next(self._ids), handle=handle, device=device)
+        region = Region(name, "", 0, byte_size, next(self._ids), handle=handle, device=device,
+                        owners=set(owners))  # fmt: skip
         self._regions[name] = region
 
     def unregister(self, name: str, peer: Peer | None, cuda: bool = False) -> None:
@@ -187,9 +198,39 @@ class RegionRegistry:
         for each in names:
             region = self._regions.get(each)
             if region is not None and region.is_cuda == cuda:
-                region.unregistered = True
-                if region.uses == 0:
-                    self._remove(region)
+                self._unregister(region)
+
+    def _unregister(self, region: Region) -> None:
+        """As an unregister call does: now, or once its last request is over."""
+        region.unregistered = True
+        if region.uses == 0:
+            self._remove(region)
+
+    # -- reclaim (core/owners.py decides when) ------------------------------------------
+    def reclaim(self, pid: int) -> list[str]:
+        """Process ``pid`` exited: unregister the regions (of either kind) no living owner
+        is left to."""
+        gone: list[str] = []
+        for region in list(self._regions.values()):
+            if pid in region.owners:
+                region.owners.discard(pid)
+                if not region.owners and not region.unregistered:
+                    gone.append(region.name)
+                    self._unregister(region)
+        return gone
+
+    def drop_idle(self, unused_since: float) -> list[str]:
+        """Unregister the regions no request has used since ``unused_since`` (monotonic)."""
+        gone: list[str] = []
+        for region in list(self._regions.values()):
+            if region.uses == 0 and not region.unregistered and region.last_used < unused_since:
+                gone.append(region.name)
+                self._unregister(region)
+        return gone
+
+    def owned(self) -> set[int]:
+        """Every process that owns a region."""
+        return {pid for region in self._regions.values() for pid in region.owners}
 
     def status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
         """The regions of one kind (system, or CUDA), or the one named; Triton's messages."""
@@ -225,8 +266,10 @@ class RegionRegistry:
         output_spans = {name: self._find(ref).span(ref) for name, ref in outputs.items()}
         names = {ref.region for ref in (*inputs.values(), *outputs.values())}
         regions = [self._regions[name] for name in names]
+        now = time.monotonic()
         for region in regions:
             region.uses += 1
+            region.last_used = now
         return RegionLease(input_spans, output_spans, regions)
 
     def lease_spans(
@@ -255,8 +298,10 @@ class RegionRegistry:
 
     def release(self, lease: RegionLease) -> None:
         """The request is over: its regions that were unregistered meanwhile may go."""
+        now = time.monotonic()
         for region in lease.regions:
             region.uses -= 1
+            region.last_used = now
             if region.uses == 0 and region.unregistered:
                 self._remove(region)
 

@@ -17,6 +17,7 @@ from dlserve.core.config import config_to_dict
 from dlserve.core.ensemble import run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
+from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
 from dlserve.core.regions import AllowClientShm, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
@@ -52,6 +53,7 @@ class ServiceOptions:
     startup_models: list[str] = field(default_factory=list)  # explicit mode: --load-model
     manager: ManagerOptions = field(default_factory=ManagerOptions)
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
+    owners: OwnerOptions = field(default_factory=OwnerOptions)  # reclaiming regions
 
 
 class InferenceService:
@@ -59,7 +61,8 @@ class InferenceService:
         self.repository = repository
         self.options = options
         self.regions = RegionRegistry(options.allow_client_shm)
-        self.metrics = Metrics(lambda: self.manager.all_stats())
+        self.owners = RegionOwners([self.regions], options.owners)
+        self.metrics = Metrics(lambda: self.manager.all_stats(), [ReclaimCollector(self.owners)])
         self.bls = BlsRouter(self)
         self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
         self.log_settings: dict[str, Any] = {
@@ -78,6 +81,7 @@ class InferenceService:
                 names = self.repository.model_names()
         else:
             names = self.repository.model_names()
+        self.owners.start()
         ensembles = [n for n in names if self.repository.is_ensemble(n)]
         await asyncio.gather(*(self._load_at_startup(n) for n in names if n not in ensembles))
         for name in ensembles:  # after the models they are made of
@@ -92,6 +96,7 @@ class InferenceService:
 
     async def shutdown(self) -> None:
         self._started = False
+        await self.owners.stop()
         await self.manager.unload_all()
 
     # -- health and metadata ------------------------------------------------------------
@@ -289,20 +294,30 @@ class InferenceService:
     def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
         return self.regions.status(name, cuda)
 
-    def register_shm(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
-        self.regions.register(name, key, offset, byte_size, peer)
+    async def register_shm(
+        self, name: str, key: str, offset: int, byte_size: int, peer: Peer
+    ) -> None:
+        """Register the region; it belongs to the local process that asked, if one can be
+        told (``core/owners.py``), and is reclaimed when that process exits."""
+        self.regions.check_new(name, peer)  # before the owner is looked for
+        owners = await self.owners.owners_of(peer)
+        self.regions.register(name, key, offset, byte_size, peer, owners)
+        self.owners.watch(owners)
 
     async def register_cuda_shm(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int, peer: Peer
     ) -> None:
         """Register a CUDA region once its handle is checked (off the event loop: the
-        first open creates the server's CUDA context)."""
+        first open creates the server's CUDA context); it belongs to the local process that
+        asked, as a system region does."""
         self.regions.check_new(name, peer, "cuda shared memory")
         cuda_check.check_handle_bytes(raw_handle)
+        owners = await self.owners.owners_of(peer)
         await asyncio.to_thread(
             cuda_check.check_registration, name, raw_handle, device_id, byte_size
         )
-        self.regions.add_cuda(name, raw_handle, device_id, byte_size)
+        self.regions.add_cuda(name, raw_handle, device_id, byte_size, owners)
+        self.owners.watch(owners)
 
     def unregister_shm(self, name: str, peer: Peer, cuda: bool = False) -> None:
         """Unregister ``name``, or every region of the kind when it is ""."""

@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
+import stat
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -181,8 +184,8 @@ class GrpcServicer:
 
     @grpc_errors
     async def system_shm_register(self, request: Any, context: Any) -> Any:
-        peer = shm.peer_of(context.peer())
-        self._service.register_shm(
+        peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
+        await self._service.register_shm(
             request.name, request.key, request.offset, request.byte_size, peer
         )
         return pb.SystemSharedMemoryRegisterResponse()
@@ -198,7 +201,7 @@ class GrpcServicer:
 
     @grpc_errors
     async def cuda_shm_register(self, request: Any, context: Any) -> Any:
-        peer = shm.peer_of(context.peer())
+        peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
         await self._service.register_cuda_shm(
             request.name, request.raw_handle, request.device_id, request.byte_size, peer
         )
@@ -277,8 +280,11 @@ def method_handlers(s: GrpcServicer) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def create_grpc_server(service: InferenceService, address: str) -> tuple[grpc.aio.Server, int]:
-    """An unstarted grpc.aio server for ``service`` bound to ``address``, and its bound port.
+def create_grpc_server(
+    service: InferenceService, address: str, uds_path: str | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """An unstarted grpc.aio server for ``service`` bound to ``address``, and its bound port;
+    with ``uds_path``, also listening on that Unix socket (a stale socket file is replaced).
 
     ``address`` may name port 0; the port the system picked is returned.
     """
@@ -286,10 +292,37 @@ def create_grpc_server(service: InferenceService, address: str) -> tuple[grpc.ai
     handlers = method_handlers(GrpcServicer(service))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    port = _listen(server, address)
+    if uds_path is not None:
+        _remove_stale_socket(uds_path)
+        _listen(server, f"unix:{uds_path}")
+    return server, port
+
+
+def _listen(server: grpc.aio.Server, address: str) -> int:
     try:
         port = int(server.add_insecure_port(address))
     except RuntimeError as exc:
         raise FatalError(f"cannot listen for gRPC on {address}: {exc}") from None
     if port == 0:
         raise FatalError(f"cannot listen for gRPC on {address}")
-    return server, port
+    return port
+
+
+def _remove_stale_socket(path: str) -> None:
+    """A socket file left by a server that died is removed; anything else is an error."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FatalError(f"cannot listen for gRPC on unix:{path}: not a socket")
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens there
+    else:
+        raise FatalError(f"cannot listen for gRPC on unix:{path}: another server listens there")
+    finally:
+        probe.close()

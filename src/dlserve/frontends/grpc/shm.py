@@ -7,7 +7,7 @@ A tensor names a region with three parameters, typed as Triton types them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 from dlserve.errors import InvalidArgumentError
 from dlserve.types import Parameters, Peer, RegionRef, RegionStatus
 
+CLIENT_PID_HEADER: Final = "dlserve-client-pid"
 REGION_KEYS: Final = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _RegionStatusMessage: Final = pb.SystemSharedMemoryStatusResponse.RegionStatus
 _CudaRegionStatusMessage: Final = pb.CudaSharedMemoryStatusResponse.RegionStatus
@@ -92,17 +93,33 @@ def cuda_status_response(regions: Sequence[RegionStatus]) -> Any:
     )
 
 
-def peer_of(text: str | None) -> Peer:
-    """gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path") as a Peer.
+def peer_of(text: str | None, pid: int | None = None) -> Peer:
+    """gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path") as a Peer;
+    ``pid``: the one the client claims (:func:`claimed_pid`).
 
     Anything else is a peer that cannot be told: Peer(""), which counts as remote.
     """
     kind, _, rest = (text or "").partition(":")
     if kind in ("unix", "unix-abstract"):
-        return Peer(None)
+        return Peer(None, pid=pid)
     if kind == "ipv4":
-        return Peer(rest.rpartition(":")[0])
+        host, _, port = rest.rpartition(":")
+        return Peer(host, _port(port), pid)
     if kind == "ipv6":
-        host = unquote(rest).rpartition(":")[0]
-        return Peer(host.removeprefix("[").removesuffix("]"))
+        host, _, port = unquote(rest).rpartition(":")
+        return Peer(host.removeprefix("[").removesuffix("]"), _port(port), pid)
     return Peer("")
+
+
+def _port(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def claimed_pid(metadata: Iterable[tuple[str, str | bytes]] | None) -> int | None:
+    """The process id a client says it has (``dlserve-client-pid``), believed only where the
+    core can confirm it."""
+    for key, value in metadata or ():
+        if key == CLIENT_PID_HEADER:
+            text = value.decode() if isinstance(value, bytes) else value
+            return int(text) if text.isdigit() else None
+    return None

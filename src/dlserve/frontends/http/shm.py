@@ -25,6 +25,7 @@ from dlserve.types import Parameters, Peer, RegionRef
 JsonObject = dict[str, Any]
 ReadJson = Callable[[Request, str], Awaitable[JsonObject]]
 Encode = Callable[[object], bytes]
+CLIENT_PID_HEADER = "dlserve-client-pid"  # the pid a client says it has (core/owners.py)
 
 
 # --- tensors ---------------------------------------------------------------------------
@@ -51,12 +52,15 @@ def without_region_keys(params: Parameters) -> Parameters:
     return {k: v for k, v in params.items() if not k.startswith("shared_memory_")}
 
 
-def peer_of(client: object) -> Peer:
-    """The ASGI scope's "client": (host, port) over TCP, None over a Unix socket."""
+def peer_of(client: object, pid: str = "") -> Peer:
+    """The ASGI scope's "client": (host, port) over TCP, None over a Unix socket; ``pid``:
+    the one the client claims (its ``dlserve-client-pid`` header)."""
+    claimed = int(pid) if pid.isdigit() else None
     if client is None:
-        return Peer(None)
+        return Peer(None, pid=claimed)
     if isinstance(client, tuple | list) and client and isinstance(client[0], str):
-        return Peer(client[0])
+        port = client[1] if len(client) > 1 and isinstance(client[1], int) else None
+        return Peer(client[0], port, claimed)
     return Peer("")
 
 
@@ -106,8 +110,8 @@ class SystemSharedMemoryRoutes:
                 "Shared memory register request has no 'byte_size' field"
             )
         offset, byte_size = _unsigned(body, "offset"), _unsigned(body, "byte_size")
-        peer = peer_of(request.scope.get("client"))
-        self.service.register_shm(name, key, offset, byte_size, peer)
+        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
+        await self.service.register_shm(name, key, offset, byte_size, peer)
         return Response(status_code=200, media_type="application/json")
 
     async def unregister(self, request: Request) -> Response:
@@ -131,7 +135,7 @@ class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
 
     async def register(self, request: Request) -> Response:
         name = request.path_params.get("region", "")
-        peer = peer_of(request.scope.get("client"))
+        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
         body = await self.read_json(request, "shared memory register")
         raw = body.get("raw_handle")
         if raw is None:

@@ -1,0 +1,204 @@
+"""The SDK against hand-written tritonclient code, with a GPU torch tensor as the input.
+
+dlserve serves ``examples/models/double`` (a GPU instance: OUTPUT_0 = 2 * INPUT_0, one
+1x3x224x224 FP32 image, 588 KiB) and is driven by one client, one request in flight, the
+output coming back in the response each time:
+
+- ``sdk``: ``dlserve.client.Client.infer("double", {"INPUT_0": gpu_tensor})``;
+- ``hand``: tritonclient with a CUDA shared-memory region registered once; each request
+  copies the tensor into it (``set_shared_memory_by_cuda_array``) and infers;
+- ``per_request``: the seed's client: create, copy, register, infer, unregister and
+  destroy a region for every request.
+
+    .venv/bin/python benchmarks/bench_sdk.py [--requests N | --duration S] [--json PATH]
+
+Prints p50 / p99 (microseconds) and the two ratios the issue asks for: sdk p50 over hand
+p50 (target <= 1.10) and per_request p50 over sdk p50 (target >= 10). Needs a CUDA device,
+torch with CUDA and cuda-python. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _triton  # a sibling module, not a package
+
+MODEL = "double"
+SHAPE = (1, 3, 224, 224)
+MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
+
+
+@dataclass(frozen=True)
+class Row:
+    path: str
+    requests: int
+    p50_us: float
+    p99_us: float
+
+
+@contextlib.contextmanager
+def sdk(url: str, image: Any) -> Iterator[Callable[[], Any]]:
+    from dlserve.client import Client
+
+    with Client(url) as client:
+        yield lambda: client.infer(MODEL, {"INPUT_0": image})["OUTPUT_0"]
+
+
+@contextlib.contextmanager
+def hand(url: str, image: Any) -> Iterator[Callable[[], Any]]:
+    import tritonclient.grpc as grpcclient
+
+    from dlserve.client import cuda_shared_memory as cudashm
+
+    nbytes = image.numel() * image.element_size()
+    client = grpcclient.InferenceServerClient(url)
+    region = cudashm.create_shared_memory_region("bench_hand", nbytes, image.device.index)
+    client.register_cuda_shared_memory(
+        "bench_hand", cudashm.get_raw_handle(region), image.device.index, nbytes
+    )
+    tensor = grpcclient.InferInput("INPUT_0", list(SHAPE), "FP32")
+    tensor.set_shared_memory("bench_hand", nbytes)
+
+    def infer() -> Any:
+        cudashm.set_shared_memory_by_cuda_array(region, image.data_ptr(), nbytes)
+        return client.infer(MODEL, [tensor]).as_numpy("OUTPUT_0")
+
+    try:
+        yield infer
+    finally:
+        client.unregister_cuda_shared_memory("bench_hand")
+        cudashm.destroy_shared_memory_region(region)
+        client.close()
+
+
+@contextlib.contextmanager
+def per_request(url: str, image: Any) -> Iterator[Callable[[], Any]]:
+    import tritonclient.grpc as grpcclient
+
+    from dlserve.client import cuda_shared_memory as cudashm
+
+    nbytes = image.numel() * image.element_size()
+    device = image.device.index
+    client = grpcclient.InferenceServerClient(url)
+
+    def infer() -> Any:  # the seed's seven steps, every time
+        region = cudashm.create_shared_memory_region("bench_seed", nbytes, device)
+        try:
+            cudashm.set_shared_memory_by_cuda_array(region, image.data_ptr(), nbytes)
+            raw = cudashm.get_raw_handle(region)
+            client.register_cuda_shared_memory("bench_seed", raw, device, nbytes)
+            tensor = grpcclient.InferInput("INPUT_0", list(SHAPE), "FP32")
+            tensor.set_shared_memory("bench_seed", nbytes)
+            answer = client.infer(MODEL, [tensor]).as_numpy("OUTPUT_0")
+            client.unregister_cuda_shared_memory("bench_seed")
+            return answer
+        finally:
+            cudashm.destroy_shared_memory_region(region)
+
+    try:
+        yield infer
+    finally:
+        client.close()
+
+
+PATHS = {"sdk": sdk, "hand": hand, "per_request": per_request}
+
+
+def measure(infer: Callable[[], Any], args: argparse.Namespace) -> list[int]:
+    deadline = time.perf_counter() + args.warmup
+    while time.perf_counter() < deadline:
+        infer()
+    latencies: list[int] = []
+    deadline = time.perf_counter() + args.duration
+    while len(latencies) < (args.requests or sys.maxsize):
+        start = time.perf_counter_ns()
+        if args.requests is None and start / 1e9 >= deadline:
+            break
+        infer()
+        latencies.append(time.perf_counter_ns() - start)
+    return latencies
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    import torch
+
+    image = torch.randn(SHAPE, device="cuda:0")
+    expected = (image * 2).cpu().numpy()
+    rows = []
+    with _triton.run_dlserve(MODELS, *_triton.free_ports(3)) as server:
+        for path in args.paths:
+            with PATHS[path](server.grpc_url, image) as infer:
+                np.testing.assert_allclose(infer(), expected)
+                latencies_us = np.array(measure(infer, args)) / 1000.0
+            rows.append(Row(path, int(latencies_us.size),
+                            float(np.percentile(latencies_us, 50)),
+                            float(np.percentile(latencies_us, 99))))  # fmt: skip
+            print(f"#   {rows[-1]}", file=sys.stderr)
+    return rows
+
+
+def ratios(rows: list[Row]) -> dict[str, float]:
+    p50 = {row.path: row.p50_us for row in rows}
+    found = {}
+    if "sdk" in p50 and "hand" in p50:
+        found["sdk_over_hand"] = p50["sdk"] / p50["hand"]
+    if "sdk" in p50 and "per_request" in p50:
+        found["per_request_over_sdk"] = p50["per_request"] / p50["sdk"]
+    return found
+
+
+def report(rows: list[Row]) -> None:
+    print(f"{'path':<12} {'requests':>9} {'p50 us':>10} {'p99 us':>10}")
+    for row in rows:
+        print(f"{row.path:<12} {row.requests:>9} {row.p50_us:>10.0f} {row.p99_us:>10.0f}")
+    found = ratios(rows)
+    if "sdk_over_hand" in found:
+        verdict = "ok" if found["sdk_over_hand"] <= 1.10 else "ABOVE TARGET"
+        print(f"sdk p50 / hand p50 = {found['sdk_over_hand']:.3f} (target <= 1.10: {verdict})")
+    if "per_request_over_sdk" in found:
+        verdict = "ok" if found["per_request_over_sdk"] >= 10 else "BELOW TARGET"
+        print(f"per_request p50 / sdk p50 = {found['per_request_over_sdk']:.1f} "
+              f"(target >= 10: {verdict})")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--paths", default="sdk,hand,per_request",
+                        type=lambda t: [p for p in t.split(",") if p])  # fmt: skip
+    parser.add_argument("--requests", type=int, help="requests per measurement")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if set(args.paths) - PATHS.keys():
+        parser.error("unknown path")
+    rows = run(args)
+    report(rows)
+    if args.json is not None:
+        document = {
+            "benchmark": "bench_sdk",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "settings": {"model": MODEL, "shape": SHAPE, "protocol": "grpc", "clients": 1},
+            "results": [asdict(row) for row in rows],
+            "ratios": ratios(rows),
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
