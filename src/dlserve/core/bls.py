@@ -83,9 +83,12 @@ class BlsRouter:
             if refused is not None:
                 raise refused
             request, call = self._request(caller, msg, payload)
+            if msg.timeout_us <= 0:  # the common case: no extra task on the way
+                await self._run(request, call, msg.decoupled, answer)
+                caller.release_staged(staged)
+                return
             work = asyncio.ensure_future(self._run(request, call, msg.decoupled, answer))
-            timeout = msg.timeout_us / 1e6 if msg.timeout_us > 0 else None
-            done, _ = await asyncio.wait({work}, timeout=timeout)
+            done, _ = await asyncio.wait({work}, timeout=msg.timeout_us / 1e6)
             if not done:
                 answer.fail(errors.UnavailableError("Request timeout expired"))
                 answer.late = True
