@@ -215,27 +215,47 @@ def make_stream_wait(consumer: int, producer: int = LEGACY_STREAM) -> None:
 
 
 class DeviceBuffer:
-    """``nbytes`` of device memory from CUDA's stream-ordered pool, freed with the object."""
+    """``nbytes`` of device memory (``cudaMalloc``: it can be exported by IPC handle, for
+    BLS), back to a small per-process cache when the object goes.
+
+    ``cudaFree`` waits for the whole device, so freed buffers are kept (up to
+    ``CACHE_BYTES``) and handed out again for the same size; the next user's copy into
+    one runs on the legacy stream, after the work queued on it before.
+    """
 
     __slots__ = ("__weakref__", "device", "nbytes", "ptr")
+    CACHE_BYTES: Final = 1 << 30
+    _free: dict[tuple[int, int], list[int]] = {}  # (device, size) -> pointers
+    _cached = 0
+    _lock = threading.Lock()
 
     def __init__(self, nbytes: int, device: int) -> None:
-        runtime = _runtime()
-        self.device = device
-        self.nbytes = nbytes
+        self.device, self.nbytes = device, nbytes
+        size = max(nbytes, 1)
+        with DeviceBuffer._lock:
+            free = DeviceBuffer._free.get((device, size))
+            if free:
+                DeviceBuffer._cached -= size
+                self.ptr = free.pop()
+                return
         with on_device(device):
-            self.ptr = int(
-                _check("cudaMallocAsync", runtime.cudaMallocAsync(max(nbytes, 1), LEGACY_STREAM))
-            )
+            self.ptr = int(_check("cudaMalloc", _runtime().cudaMalloc(size)))
 
     def __del__(self) -> None:
         ptr, self.ptr = self.ptr, 0
-        if ptr:
-            try:
-                with on_device(self.device):
-                    _runtime().cudaFreeAsync(ptr, LEGACY_STREAM)
-            except Exception:
-                pass
+        if not ptr:
+            return
+        size = max(self.nbytes, 1)
+        with DeviceBuffer._lock:
+            if DeviceBuffer._cached + size <= DeviceBuffer.CACHE_BYTES:
+                DeviceBuffer._free.setdefault((self.device, size), []).append(ptr)
+                DeviceBuffer._cached += size
+                return
+        try:
+            with on_device(self.device):
+                _runtime().cudaFree(ptr)
+        except Exception:  # interpreter shutdown: the process frees it
+            pass
 
 
 _pinned_lock = threading.Lock()
@@ -275,8 +295,8 @@ def export_handle(ptr: int, device: int) -> tuple[bytes, int, int]:
     """The IPC handle of the allocation ``ptr`` (on ``device``) points into, ``ptr``'s
     offset in it, and the allocation's base, once the work queued on the legacy stream is
     done (another process reads the memory next). Only ``cudaMalloc`` memory has such a
-    handle (torch's caching allocator's does; stream-ordered pool memory, as
-    ``DeviceBuffer``'s, does not)."""
+    handle (torch's caching allocator's does; memory from the stream-ordered pool does
+    not)."""
     synchronize(device)
     with on_device(device):
         base, _ = address_range(ptr)
