@@ -104,4 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
     )
+    profile = os.environ.get("DLSERVE_SERVER_PROFILE")
+    if profile:  # a developer's switch: cProfile the server process into this file
+        import cProfile
+
+        result: list[int] = []
+        cProfile.runctx("result.append(run(options))", globals(), locals(), profile)
+        return result[0]
     return run(options)
