@@ -1,10 +1,9 @@
 """The server's handle on one worker: start it, send it requests, notice its death.
 
-:class:`SubprocessWorker` runs the worker as ``python -m dlserve.workers.main``
-over a socketpair; :class:`InProcessWorker` runs the very same loop in a
-thread (tests, ``--debug``). Both speak the same frames. A worker's own calls (metrics,
-BLS) come in on the same connection; the memory workers lend each other for BLS is in
-``lending.py``.
+:class:`WorkerBase` is what the core talks to; ``kinds.py`` holds the two ways to run the
+worker (its own process, or a thread of the server). Both speak the same frames. A
+worker's own calls (metrics, BLS) come in on the same connection; the memory workers lend
+each other for BLS is in ``lending.py``.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import asyncio
 import itertools
 import os
 import socket
-import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -22,7 +19,7 @@ from typing import Final, Protocol
 from dlserve import errors
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
-from dlserve.ipc.channel import AsyncChannel, BlockingChannel, ChannelClosed
+from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
 from dlserve.workers.lending import ArenaLending
@@ -93,6 +90,10 @@ def set_busy_poll(microseconds: int) -> None:
     if microseconds < 0:
         raise ValueError("busy polling time must be >= 0 microseconds")
     _busy_poll_us = microseconds
+
+
+def busy_poll_us() -> int:
+    return _busy_poll_us
 
 
 class _Spinner:
@@ -395,91 +396,3 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         self._stop_lending()
         self.input_segment.close()
         self.output_segment.close()
-
-
-class SubprocessWorker(WorkerBase):
-    """A worker in its own process."""
-
-    def __init__(self, label: str) -> None:
-        super().__init__(label)
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def spawn(self, env: dict[str, str] | None = None) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        in_fd, out_fd = self.input_segment.fd, self.output_segment.fd
-        assert in_fd is not None and out_fd is not None
-        command = [sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
-                   "--input-arena-fd", str(in_fd), "--output-arena-fd", str(out_fd),
-                   "--busy-poll-us", str(_busy_poll_us)]  # fmt: skip
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-        finally:  # the arenas' memfds stay open: other workers map them through /proc (BLS)
-            theirs.close()
-        await self._connect(ours)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    def death_reason(self) -> str:
-        code = None if self.process is None else self.process.returncode
-        how = "" if code is None else (f" (signal {-code})" if code < 0 else f" (exit code {code})")
-        return f"model instance '{self.label}' exited unexpectedly{how}"
-
-    async def _reaped(self, timeout: float) -> None:
-        if self.process is not None:
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout)
-            except TimeoutError:
-                pass
-
-    async def _terminate(self, timeout: float) -> None:
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        try:
-            await asyncio.wait_for(process.wait(), timeout)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
-class InProcessWorker(WorkerBase):
-    """The worker loop in a thread of the server process (tests, ``--debug``)."""
-
-    def __init__(self, label: str) -> None:
-        super().__init__(label)
-        self._thread: threading.Thread | None = None
-
-    async def spawn(self, env: dict[str, str] | None = None) -> None:
-        from dlserve.workers.main import install_pb_utils, serve
-
-        install_pb_utils()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        channel: BlockingChannel[m.ServerToWorker] = BlockingChannel(theirs, codec.to_worker)
-        arenas = (self._share(self.input_segment), self._share(self.output_segment))
-
-        def run() -> None:
-            try:
-                serve(channel, arenas)
-            except ChannelClosed:
-                pass
-            finally:
-                channel.close()
-
-        self._thread = threading.Thread(target=run, name=f"worker-{self.label}", daemon=True)
-        self._thread.start()
-        await self._connect(ours)
-
-    @staticmethod
-    def _share(segment: ShmSegment) -> ShmSegment:
-        """The worker thread's own mapping of a segment, as a worker process would have."""
-        assert segment.fd is not None
-        return ShmSegment.from_fd(os.dup(segment.fd), segment.name)
-
-    async def _terminate(self, timeout: float) -> None:
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout)

@@ -11,13 +11,8 @@ import msgspec
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.workers.client import (
-    CallSink,
-    InProcessWorker,
-    MetricSink,
-    SubprocessWorker,
-    WorkerBase,
-)
+from dlserve.workers.client import CallSink, MetricSink, WorkerBase
+from dlserve.workers.kinds import InProcessWorker, SubprocessWorker
 
 log = logging.getLogger("dlserve.workers")
 
