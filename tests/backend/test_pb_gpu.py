@@ -48,3 +48,29 @@ def test_a_strided_cuda_tensor_is_refused() -> None:
     producer = torch.zeros(4, 6, device="cuda").t()
     with pytest.raises(pb_utils.TritonModelException, match="not contiguous"):
         pb_utils.Tensor.from_dlpack("t", producer)
+
+
+def test_dlpack_honours_the_consumers_stream() -> None:
+    """A tensor imported from a producer is ready on the legacy stream; a consumer that
+    names its own stream gets that stream made to wait, and reads the finished bytes."""
+    n = 1 << 22
+    produced = torch.ones(n, device="cuda")
+    for _ in range(20):  # queue enough work that a consumer that did not wait would see it
+        produced.mul_(1.0001)
+    expected = produced.clone().cpu()
+    tensor = pb_utils.Tensor.from_dlpack("t", produced)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        consumed = torch.from_dlpack(tensor) * 1  # torch passes side's handle to __dlpack__
+    side.synchronize()
+    assert torch.equal(consumed.cpu(), expected)
+    waits: list[int] = []
+    real = pb_utils.gpu.make_stream_wait
+    pb_utils.gpu.make_stream_wait = waits.append  # type: ignore[assignment]
+    try:
+        tensor.__dlpack__(stream=side.cuda_stream)
+        tensor.__dlpack__(stream=1)  # the legacy stream itself: nothing to wait for
+        tensor.__dlpack__(stream=-1)  # the consumer asks for no synchronization
+    finally:
+        pb_utils.gpu.make_stream_wait = real
+    assert waits == [side.cuda_stream]
