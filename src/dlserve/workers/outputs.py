@@ -32,7 +32,7 @@ INLINE_OUTPUT_LIMIT = 64 * 1024
 
 @dataclass(slots=True)
 class _Buffer:
-    address: int  # where the destination's bytes start
+    name: str  # the output it was handed out for
     nbytes: int
     arena_offset: int  # -1: not in the output arena
 
@@ -42,7 +42,8 @@ class OutputWriter:
         self.regions = regions
         self.arena = arena
         self.gpu = gpu
-        self._buffers: dict[str, _Buffer] = {}  # this request's output buffers, by name
+        # the output buffers handed out during this execute (all its requests), by address
+        self._buffers: dict[int, _Buffer] = {}
 
     # -- destinations handed out before execute returns ------------------------------------
     def buffer(
@@ -61,7 +62,7 @@ class OutputWriter:
             tensor = self.gpu.output_buffer(name, shape, dtype, target)
             info = tensor.gpu_info
             assert info is not None
-            self._buffers[name] = _Buffer(info.ptr, nbytes, -1)
+            self._buffers[info.ptr] = _Buffer(name, nbytes, -1)
             return tensor
         offset = -1
         if target is not None:
@@ -73,7 +74,7 @@ class OutputWriter:
             else:
                 view = self.arena.view(offset, nbytes)
         array = np.frombuffer(view, dtype=dtype.numpy_storage).reshape(shape)
-        self._buffers[name] = _Buffer(int(array.ctypes.data), nbytes, offset)
+        self._buffers[int(array.ctypes.data)] = _Buffer(name, nbytes, offset)
         return pb_utils.Tensor._wrap(name, array, dtype)
 
     def drop_buffers(self) -> None:
@@ -85,9 +86,9 @@ class OutputWriter:
 
     def _in_place(self, name: str, address: int, nbytes: int) -> _Buffer | None:
         """The buffer handed out for ``name``, if the output is exactly its bytes."""
-        buffer = self._buffers.get(name)
-        if buffer is not None and buffer.address == address and buffer.nbytes == nbytes:
-            return self._buffers.pop(name)
+        buffer = self._buffers.get(address)
+        if buffer is not None and buffer.name == name and buffer.nbytes == nbytes:
+            return self._buffers.pop(address)
         return None
 
     # -- outputs ------------------------------------------------------------------------------
