@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _triton  # a sibling module, not a package
+from bench_shm import measure  # the same measuring loop (warm-up, then by count or time)
 
 MODEL = "double"
 SHAPE = (1, 3, 224, 224)
@@ -116,21 +116,6 @@ def per_request(url: str, image: Any) -> Iterator[Callable[[], Any]]:
 
 
 PATHS = {"sdk": sdk, "hand": hand, "per_request": per_request}
-
-
-def measure(infer: Callable[[], Any], args: argparse.Namespace) -> list[int]:
-    deadline = time.perf_counter() + args.warmup
-    while time.perf_counter() < deadline:
-        infer()
-    latencies: list[int] = []
-    deadline = time.perf_counter() + args.duration
-    while len(latencies) < (args.requests or sys.maxsize):
-        start = time.perf_counter_ns()
-        if args.requests is None and start / 1e9 >= deadline:
-            break
-        infer()
-        latencies.append(time.perf_counter_ns() - start)
-    return latencies
 
 
 def run(args: argparse.Namespace) -> list[Row]:

@@ -47,6 +47,13 @@ class RunningServer:
         return self.process.poll() is None
 
 
+def repository_of(root: Path, *models: Path) -> Path:
+    """A model repository at ``root`` holding copies of ``models`` (model folders)."""
+    for model in models:
+        shutil.copytree(model, root / model.name)
+    return root
+
+
 def _read_ready(process: subprocess.Popen[bytes], read_fd: int, deadline: float) -> dict[str, int]:
     """Block until the server writes its ports on the ready pipe (its startup handshake)."""
     chunks = b""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import queue
 import select
-import shutil
 import threading
 import time
 import uuid
@@ -28,7 +27,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, RunningServer, run_server
+from conftest import TEST_MODELS, RunningServer, repository_of, run_server
 
 DEADLINE_S = 60.0
 MODELS = ("double", "async_execute", "in_place", "raises", "gated", "repeat", "bls_pipeline",
@@ -37,10 +36,8 @@ MODELS = ("double", "async_execute", "in_place", "raises", "gated", "repeat", "b
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    repository = tmp_path_factory.mktemp("bls_repo")
-    for name in MODELS:
-        shutil.copytree(TEST_MODELS / name, repository / name)
-    with run_server(repository) as running:
+    models = (TEST_MODELS / name for name in MODELS)
+    with run_server(repository_of(tmp_path_factory.mktemp("bls_repo"), *models)) as running:
         yield running
 
 

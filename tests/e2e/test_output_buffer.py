@@ -7,7 +7,6 @@ offset; a region too small for the output is refused, and the instance goes on s
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -16,14 +15,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
-from conftest import TEST_MODELS, RunningServer, run_server
+from conftest import TEST_MODELS, RunningServer, repository_of, run_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("output_buffer_repo")
-    shutil.copytree(TEST_MODELS / "output_buffer", root / "output_buffer")
-    with run_server(root) as running:
+    with run_server(repository_of(root, TEST_MODELS / "output_buffer")) as running:
         yield running
 
 

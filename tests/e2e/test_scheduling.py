@@ -15,7 +15,6 @@ import os
 import queue
 import re
 import select
-import shutil
 import socket
 import struct
 import time
@@ -31,7 +30,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, RunningServer, run_server
+from conftest import TEST_MODELS, RunningServer, repository_of, run_server
 
 DEADLINE_S = 60.0
 MODELS = ("batched", "batched_preferred", "batched_limits", "serial")
@@ -39,10 +38,8 @@ MODELS = ("batched", "batched_preferred", "batched_limits", "serial")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    repository = tmp_path_factory.mktemp("scheduling_repo")
-    for name in MODELS:
-        shutil.copytree(TEST_MODELS / name, repository / name)
-    with run_server(repository) as running:
+    models = (TEST_MODELS / name for name in MODELS)
+    with run_server(repository_of(tmp_path_factory.mktemp("scheduling_repo"), *models)) as running:
         yield running
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import socket
 import threading
 import uuid
@@ -34,7 +33,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, repository_of, run_server
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 DEADLINE_S = 60.0
@@ -52,15 +51,9 @@ MODELS = (EXAMPLES / "add_sub", EXAMPLES / "identity_bytes", TEST_MODELS / "in_p
           TEST_MODELS / "gated")  # fmt: skip
 
 
-def _repository(root: Path, models: tuple[Path, ...] = MODELS) -> Path:
-    for source in models:
-        shutil.copytree(source, root / source.name)
-    return root
-
-
 @pytest.fixture(scope="module")
 def shm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(_repository(tmp_path_factory.mktemp("shm_repo"))) as server:
+    with run_server(repository_of(tmp_path_factory.mktemp("shm_repo"), *MODELS)) as server:
         yield server
 
 
@@ -440,7 +433,7 @@ def test_remote_peers_are_refused_by_default(objects: Objects, tmp_path: Path) -
     if external is None:
         pytest.skip("no network interface but loopback")
     _, key = objects.create(64)
-    repository = _repository(tmp_path, (TEST_MODELS / "in_place",))
+    repository = repository_of(tmp_path, TEST_MODELS / "in_place")
     with run_server(repository, "--host", "0.0.0.0") as server:
         for protocol, port in (("grpc", server.grpc_port), ("http", server.http_port)):
             local = connect(protocol, f"127.0.0.1:{port}")
@@ -464,7 +457,7 @@ def test_remote_peers_when_anyone_is_allowed(objects: Objects, tmp_path: Path) -
     if external is None:
         pytest.skip("no network interface but loopback")
     handle, key = objects.create(64)
-    repository = _repository(tmp_path, (TEST_MODELS / "in_place",))
+    repository = repository_of(tmp_path, TEST_MODELS / "in_place")
     with run_server(repository, "--host", "0.0.0.0", "--allow-client-shm=any") as server:
         for url in (f"{external}:{server.grpc_port}", f"{external}:{server.http_port}"):
             remote = connect("grpc" if url.endswith(str(server.grpc_port)) else "http", url)
@@ -478,7 +471,7 @@ def test_remote_peers_when_anyone_is_allowed(objects: Objects, tmp_path: Path) -
 
 def test_client_shared_memory_turned_off(objects: Objects, tmp_path: Path) -> None:
     _, key = objects.create(64)
-    repository = _repository(tmp_path, (TEST_MODELS / "in_place",))
+    repository = repository_of(tmp_path, TEST_MODELS / "in_place")
     with run_server(repository, "--allow-client-shm=false") as server:
         for protocol, url in (("grpc", server.grpc_url), ("http", server.http_url)):
             client = connect(protocol, url)
