@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, repository_of, run_server
 from dlserve.tensors import cuda_ipc
 
 ENSEMBLE = "ensemble_add_sub"
@@ -284,3 +284,44 @@ def test_cuda_shared_memory_through_an_ensemble_of_gpu_models(tmp_path: Path) ->
             client.close()
             for handle in handles:
                 cudashm.destroy_shared_memory_region(handle)
+
+
+BY_REFERENCE = """
+name: "by_reference"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "double" model_version: -1
+      input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "T1" } },
+    { model_name: "in_place" model_version: -1
+      input_map { key: "INPUT0" value: "T1" }
+      output_map { key: "OUTPUT0" value: "T2" } output_map { key: "SAME_MEMORY" value: "S" } },
+    { model_name: "add_sub" model_version: -1
+      input_map { key: "INPUT0" value: "T1" } input_map { key: "INPUT1" value: "T2" }
+      output_map { key: "OUTPUT0" value: "OUT" } }
+  ]
+}
+"""
+
+
+def test_intermediate_tensors_pass_by_reference(tmp_path: Path) -> None:
+    """T1 = 2x (400 KB, in double's output arena); in_place adds 1 to T1 where it lies;
+    add_sub then reads T1 again, after in_place (it also needs T2): with T1 passed by
+    reference it reads 2x + 1 and OUT = (2x + 1) + (2x + 1); with a copy per hop it
+    would read 2x and OUT would be 4x + 1."""
+    repository = repository_of(tmp_path, TEST_MODELS / "double", TEST_MODELS / "in_place",
+                               EXAMPLES / "add_sub")  # fmt: skip
+    (repository / "by_reference" / "1").mkdir(parents=True)
+    (repository / "by_reference" / "config.pbtxt").write_text(BY_REFERENCE)
+    x = RNG.integers(0, 1000, 100_000).astype(np.float32)
+    with run_server(repository) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for _ in range(3):  # and again: what was lent went back
+            tensor = grpcclient.InferInput("X", [x.size], "FP32")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("by_reference", [tensor])
+            np.testing.assert_array_equal(result.as_numpy("OUT"), 4 * x + 2)
+        client.close()

@@ -30,7 +30,7 @@ from dlserve.types import (
     RequestedOutput,
 )
 from dlserve.workers.client import WorkerBase
-from dlserve.workers.lending import ARENA_OWNERS
+from dlserve.workers.lending import ARENA_OWNERS, return_lent
 
 if TYPE_CHECKING:
     from dlserve.core.service import InferenceService
@@ -256,15 +256,5 @@ def _output_refs(
 
 def _return_lent(response: InferResponse | None) -> None:
     """Outputs nobody will map: their space goes back to the callee at once."""
-    if response is None:
-        return
-    for output in response.outputs:
-        lent = output.lent
-        if isinstance(lent, CudaSpan):
-            owner = ARENA_OWNERS.get(lent.owner)
-            if owner is not None:
-                owner.release_lent(-lent.lend_id)
-        elif lent is not None:
-            owner = ARENA_OWNERS.get(lent.arena_id)
-            if owner is not None:
-                owner.release_lent(lent.offset)
+    if response is not None:
+        return_lent(response.outputs)

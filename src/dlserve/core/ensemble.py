@@ -4,14 +4,16 @@ A step's inputs are the ensemble's inputs or earlier steps' outputs (``input_map
 the step model's input -> an ensemble tensor; ``output_map``: the step model's output
 -> an ensemble tensor). Steps whose inputs are all there run together.
 
-How tensors travel between steps: a step's output that its worker wrote into its
-output arena stays there (the server keeps a view, no copy) until the ensemble request
-is over; the next step's worker receives it the way any input arrives, copied once into
-that worker's input arena (small tensors ride in the frame). So one copy per hop, the
-same as a client sending the tensor. Final outputs are copied out once into the
-response, or written by the producing step straight into the client's shared-memory
-region when the request asks for that. GPU outputs will travel as CUDA IPC descriptors
-the same way (the step's reference replaces the arena view); see docs/differences.md.
+How tensors travel between steps: by reference where they can. A step whose outputs
+are all intermediate (no ensemble output among them) and read only by Python models runs
+as a *lending* request, as a BLS call does: its large host outputs stay in its worker's
+output arena and the next step's worker maps them (``PEER_ARENA``); its GPU outputs stay
+in its GPU memory and the next worker opens them by CUDA IPC handle (``CUDA_IPC``). No
+copy. What is lent goes back to the producing worker when the ensemble request is over.
+Other steps' outputs stay in the worker's output arena (the server keeps a view) and are
+copied once into the next worker's input arena, as any input (small tensors ride in the
+frame). Final outputs are copied out once into the response, or written by the producing
+step straight into the client's shared-memory region when the request asks for that.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from typing import Any
 
 from dlserve import errors
 from dlserve.core.config import ConfigError
-from dlserve.types import InferRequest, InputTensor, OutputTensor, RequestedOutput
+from dlserve.types import (
+    ArenaSpan,
+    CudaSpan,
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    RegionRef,
+    RequestedOutput,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +55,22 @@ class EnsemblePlan:
         return sorted({step.model_name for step in self.steps})
 
 
+Lent = ArenaSpan | CudaSpan
+
+
+@dataclass(frozen=True, slots=True)
+class StepMemory:
+    """How a step's tensors travel: ``lend`` its outputs by reference; ``spans``: its
+    inputs that are earlier steps' lent outputs, by the step model's input name."""
+
+    lend: bool = False
+    spans: dict[str, Lent] | None = None
+
+
 # Runs one step's request: the outputs, and a callable that gives back what they hold.
-StepRunner = Callable[[InferRequest], Awaitable[tuple[list[OutputTensor], Callable[[], None]]]]
+StepRunner = Callable[
+    [InferRequest, StepMemory], Awaitable[tuple[list[OutputTensor], Callable[[], None]]]
+]
 
 
 def plan_ensemble(config: Any) -> EnsemblePlan:
@@ -97,21 +121,31 @@ def _check_producers(name: str, steps: list[Step], outputs: set[str]) -> None:
 
 
 async def run_ensemble(
-    plan: EnsemblePlan, request: InferRequest, inputs: list[InputTensor], run_step: StepRunner
+    plan: EnsemblePlan,
+    request: InferRequest,
+    inputs: list[InputTensor],
+    run_step: StepRunner,
+    lends: Callable[[str], bool] = lambda model: False,
 ) -> list[OutputTensor]:
     """Run ``plan`` for ``request`` (whose checked inputs are ``inputs``); the outputs the
-    request asks for, in the order it names them (every output when it names none)."""
+    request asks for, in the order it names them (every output when it names none).
+    ``lends(model)``: whether that model's worker can lend and borrow memory (a Python
+    model, not an ensemble)."""
     wanted = [o.name for o in request.outputs] or list(plan.outputs)
     regions = {o.name: o for o in request.outputs if o.region is not None}
     tensors: dict[str, InputTensor | OutputTensor] = {t.name: t for t in inputs}
     releases: list[Callable[[], None]] = []
+    lending = _lending_steps(plan, lends)
     try:
         pending = list(plan.steps)
         while pending:
             wave = [s for s in pending if set(s.inputs.values()) <= tensors.keys()]
             pending = [s for s in pending if s not in wave]
             sub_requests = [_step_request(s, request, tensors, regions) for s in wave]
-            results = await _gather(run_step(r) for r in sub_requests)
+            results = await _gather(
+                run_step(r, StepMemory(id(step) in lending, spans))
+                for step, (r, spans) in zip(wave, sub_requests, strict=True)
+            )
             for step, (outputs, release) in zip(wave, results, strict=True):
                 releases.append(release)
                 for output in outputs:
@@ -138,18 +172,42 @@ async def _gather(
         raise
 
 
+def _lending_steps(plan: EnsemblePlan, lends: Callable[[str], bool]) -> set[int]:
+    """The steps (by id) that run as lending requests: a Python model whose outputs are
+    all intermediate and read only by Python models."""
+    readers: dict[str, list[Step]] = {}
+    for step in plan.steps:
+        for tensor in step.inputs.values():
+            readers.setdefault(tensor, []).append(step)
+    final = set(plan.outputs)
+    return {
+        id(step)
+        for step in plan.steps
+        if lends(step.model_name)
+        and not final & set(step.outputs.values())
+        and all(lends(r.model_name) for t in step.outputs.values() for r in readers.get(t, []))
+    }
+
+
 def _step_request(
     step: Step,
     request: InferRequest,
     tensors: dict[str, InputTensor | OutputTensor],
     regions: dict[str, RequestedOutput],
-) -> InferRequest:
+) -> tuple[InferRequest, dict[str, Lent]]:
     inputs: list[InputTensor] = []
+    spans: dict[str, Lent] = {}
     for model_input, tensor_name in step.inputs.items():
         tensor = tensors[tensor_name]
         if isinstance(tensor, InputTensor):
             inputs.append(InputTensor(model_input, tensor.datatype, tensor.shape, tensor.data,
                                       tensor.parameters, tensor.region))  # fmt: skip
+            continue
+        if tensor.lent is not None:  # by reference: the worker maps the producer's memory
+            region = RegionRef("", tensor.lent.byte_size)
+            inputs.append(InputTensor(model_input, tensor.datatype, tensor.shape, None, {},
+                                      region))  # fmt: skip
+            spans[model_input] = tensor.lent
             continue
         if tensor.data is None:
             raise errors.UnsupportedError(
@@ -162,10 +220,11 @@ def _step_request(
     for model_output, tensor_name in step.outputs.items():
         target = regions.get(tensor_name)
         outputs.append(RequestedOutput(model_output, region=target.region if target else None))
-    return InferRequest(
+    sub_request = InferRequest(
         step.model_name, step.model_version, request.id, inputs, outputs,
         dict(request.parameters), request.peer,
     )  # fmt: skip
+    return sub_request, spans
 
 
 def _final(name: str, tensor: InputTensor | OutputTensor) -> OutputTensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -14,11 +15,11 @@ from dlserve import __version__, errors
 from dlserve.core import cuda_check, streams
 from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
-from dlserve.core.ensemble import run_ensemble
+from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
-from dlserve.core.regions import AllowClientShm, RegionRegistry
+from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.trace import TraceSettings
@@ -36,6 +37,7 @@ from dlserve.types import (
     TensorMetadata,
 )
 from dlserve.workers.client import WorkerReply
+from dlserve.workers.lending import return_lent
 
 log = logging.getLogger("dlserve")
 
@@ -258,7 +260,10 @@ class InferenceService:
     ) -> list[OutputTensor]:
         assert loaded.ensemble is not None
         inputs, batch = loaded.validator.check(request)
-        outputs = await run_ensemble(loaded.ensemble, request, inputs, self._run_step)
+        outputs = await run_ensemble(
+            loaded.ensemble, request, inputs, self._run_step,
+            lends=lambda model: not self.repository.is_ensemble(model),
+        )  # fmt: skip
         total = time.monotonic_ns() - received
         loaded.stats.record_request(batch if loaded.config.max_batch_size > 0 else 1,
                                     total, 0, 0, 0, 0)  # fmt: skip
@@ -266,29 +271,44 @@ class InferenceService:
         return outputs
 
     async def _run_step(
-        self, request: InferRequest
+        self, request: InferRequest, memory: StepMemory
     ) -> tuple[list[OutputTensor], Callable[[], None]]:
         """One ensemble step, counted in its model's statistics; its outputs stay in the
-        worker's output arena until the returned callable gives them back."""
+        worker's memory (viewed, or lent) until the returned callable gives them back."""
         received = time.monotonic_ns()
         loaded = self.version(request.model_name, request.model_version)
         if loaded.ensemble is not None:
             response = await self.infer(request)
             return response.outputs, _nothing
+        call = Call(lease=self._step_lease(request, memory.spans), lend=memory.lend)
         try:
-            reply, batch = await self._run(loaded, request, keep=True)
+            reply, batch = await self._run(loaded, request, keep=True, call=call)
         except errors.DlserveError as exc:
             loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
         self._record(loaded, reply, batch, received)
-        outputs = [
-            OutputTensor(o.name, o.datatype, loaded.validator.output_shape(o.name, o.shape), o.data)
-            for o in reply.outputs
-        ]
+        shape = loaded.validator.output_shape
+        outputs = [OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
+                   for o in reply.outputs]  # fmt: skip
         worker, held = reply.worker, reply.held
-        if worker is None or not held:
-            return outputs, _nothing
-        return outputs, functools.partial(worker.release_outputs, held)
+        release_held = (functools.partial(worker.release_outputs, held)
+                        if worker is not None and held else _nothing)  # fmt: skip
+        if not any(o.lent is not None for o in outputs):
+            return outputs, release_held
+        return outputs, functools.partial(_give_back, release_held, outputs)
+
+    def _step_lease(
+        self, request: InferRequest, spans: dict[str, Lent] | None
+    ) -> RegionLease | None:
+        """A step's inputs that are earlier steps' lent outputs go by reference; the rest
+        (client regions) are leased as for any request. None: lease as usual."""
+        if not spans:
+            return None
+        others = [t for t in request.inputs if t.name not in spans]
+        base = self.regions.lease(dataclasses.replace(request, inputs=others))
+        if base is None:
+            return self.regions.lease_spans({}, spans)
+        return RegionLease({**base.inputs, **spans}, base.outputs, base.regions)
 
     # -- system and CUDA shared memory --------------------------------------------------
     def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
@@ -396,6 +416,11 @@ class InferenceService:
 def _reason(exc: errors.DlserveError) -> str:
     """Triton's failure label for a request that failed with ``exc``."""
     return "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
+
+
+def _give_back(release_held: Callable[[], None], outputs: list[OutputTensor]) -> None:
+    release_held()
+    return_lent(outputs)
 
 
 def _nothing() -> None:

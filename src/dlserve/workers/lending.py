@@ -12,12 +12,13 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
+from collections.abc import Iterable
 from typing import Final
 
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import ShmSegment
-from dlserve.types import ArenaSpan, CudaSpan
+from dlserve.types import ArenaSpan, CudaSpan, OutputTensor
 
 _arena_ids = itertools.count(1)
 # Every live worker, by its arenas' ids: BLS tensors are passed between them by reference.
@@ -92,3 +93,18 @@ class ArenaLending:
         """A callee is done with inputs this worker staged in its output arena for it."""
         if offsets and self._channel is not None:
             self._channel.send(m.Release(offsets))
+
+
+def return_lent(outputs: Iterable[OutputTensor]) -> None:
+    """Lent outputs nobody reads any more: their space goes back to the worker that lent
+    them (a GPU output by its lend id)."""
+    for output in outputs:
+        lent = output.lent
+        if isinstance(lent, CudaSpan):
+            owner = ARENA_OWNERS.get(lent.owner)
+            if owner is not None:
+                owner.release_lent(-lent.lend_id)
+        elif lent is not None:
+            owner = ARENA_OWNERS.get(lent.arena_id)
+            if owner is not None:
+                owner.release_lent(lent.offset)
