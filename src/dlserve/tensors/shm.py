@@ -14,6 +14,8 @@ import stat
 import threading
 from typing import Final
 
+import numpy as np
+
 SHM_DIR: Final = "/dev/shm"
 ALIGN: Final = 64
 
@@ -188,3 +190,13 @@ class Arena:
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         return self.segment.buffer[offset : offset + nbytes]
+
+
+def buffer_address(buffer: bytes | bytearray | memoryview | mmap.mmap) -> int:
+    """The address of a contiguous buffer's first byte (0 when it is empty): an mmap, a
+    view of one, a numpy array's data. No export of the buffer outlives the call, so an
+    mmap can still be closed afterwards."""
+    view = memoryview(buffer)
+    if view.nbytes == 0:
+        return 0
+    return int(np.frombuffer(view, dtype=np.uint8, count=1).ctypes.data)

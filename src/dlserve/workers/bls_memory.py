@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from dlserve.ipc import messages as m
@@ -56,10 +55,3 @@ class SharedMemoryForBls:
 
     def peer_view(self, ref: m.TensorRef) -> memoryview:
         return self.peers.view(ref)
-
-
-def address_of(segment: ShmSegment) -> int:
-    """Where ``segment`` is mapped in this process (0 when it is empty)."""
-    if segment.size == 0:
-        return 0
-    return int(np.frombuffer(segment.buffer, dtype=np.uint8, count=1).ctypes.data)

@@ -26,7 +26,7 @@ from dlserve import backend as pb_utils
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import cuda_ipc, dlpack, dtypes
-from dlserve.tensors.shm import Arena
+from dlserve.tensors.shm import Arena, buffer_address
 from dlserve.workers.regions import ClientRegions
 
 _TRUE: Final = ("1", "on", "true", "yes")
@@ -84,10 +84,6 @@ def _gpu_tensor(name: str, ptr: int, ref_shape: list[int], dtype: dtypes.DType,
     return pb_utils.Tensor._wrap_gpu(name, info, owner)
 
 
-def _host_address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
-
-
 class GpuIO:
     """Input placement and GPU output copies for one model instance."""
 
@@ -139,7 +135,7 @@ class GpuIO:
         """Copy a GPU output into host memory (a system region, or the output arena)."""
         info = tensor.gpu_info
         assert info is not None
-        dst = _host_address(view)
+        dst = buffer_address(view)
         if dst != info.ptr:
             _cuda(f"copying output '{tensor.name()}' to host memory", cuda_ipc.copy,
                   dst, info.ptr, view.nbytes)  # fmt: skip
@@ -152,7 +148,7 @@ class GpuIO:
         self._arena_pinned = True
         buffer = self.output_arena.segment.buffer
         try:
-            cuda_ipc.pin_host_memory(_host_address(buffer), buffer.nbytes)
+            cuda_ipc.pin_host_memory(buffer_address(buffer), buffer.nbytes)
         except (cuda_ipc.CudaUnavailable, cuda_ipc.CudaError):
             pass
 

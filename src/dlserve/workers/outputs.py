@@ -22,7 +22,7 @@ from dlserve import backend as pb_utils
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
-from dlserve.tensors.shm import Arena
+from dlserve.tensors.shm import Arena, buffer_address
 from dlserve.workers.gpu_io import GpuIO
 from dlserve.workers.regions import ClientRegions
 
@@ -127,7 +127,7 @@ class OutputWriter:
         if target is not None:
             return self._to_region(name, dtype, shape, data, target), None
         if data.nbytes > INLINE_OUTPUT_LIMIT:
-            buffer = self._in_place(name, _address(data), data.nbytes)
+            buffer = self._in_place(name, buffer_address(data), data.nbytes)
             if buffer is not None and buffer.arena_offset >= 0:  # written where it goes
                 arena_offset: int | None = buffer.arena_offset
             else:
@@ -145,7 +145,7 @@ class OutputWriter:
         """The output's one copy (none if it is there already): into a system region."""
         _check_room(name, data.nbytes, target)
         written = _sized(target, data.nbytes)
-        if self._in_place(name, _address(data), data.nbytes) is None:
+        if self._in_place(name, buffer_address(data), data.nbytes) is None:
             self.regions.view(written, f"output '{name}'")[:] = data
         return _described(written, dtype, shape)
 
@@ -157,7 +157,7 @@ class OutputWriter:
             source, nbytes = info.ptr, math.prod(shape) * dtype.itemsize
         else:
             data = _host_bytes(tensor.storage, dtype)
-            source, nbytes = _address(data), data.nbytes
+            source, nbytes = buffer_address(data), data.nbytes
         _check_room(name, nbytes, target)
         written = _sized(target, nbytes)
         if self._in_place(name, source, nbytes) is None:
@@ -170,10 +170,6 @@ def _host_bytes(array: np.ndarray, dtype: dtypes.DType) -> memoryview:
         return memoryview(dtypes.serialize_bytes(array))
     # flat bytes: memoryview cannot cast a view with a zero in its shape
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-
-
-def _address(data: memoryview) -> int:
-    return int(np.frombuffer(data, dtype=np.uint8).ctypes.data) if data.nbytes else 0
 
 
 def _check_room(name: str, nbytes: int, target: m.TensorRef) -> None:

@@ -9,13 +9,13 @@ worker is gone.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import threading
 
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
+from dlserve.tensors.shm import buffer_address
 
 
 class PeerArenas:
@@ -32,7 +32,7 @@ class PeerArenas:
             mapped = self._mapped.get(ref.region)
             if mapped is None:
                 mapped = self._mapped[ref.region] = _map(ref.key)
-                self._bases[ref.region] = (mapped, _address(mapped), ref.key)
+                self._bases[ref.region] = (mapped, buffer_address(mapped), ref.key)
         end = ref.offset + ref.nbytes
         if ref.offset < 0 or end > len(mapped):
             raise TritonError(f"tensor '{ref.name}' lies outside the arena it names")
@@ -69,14 +69,6 @@ def _map(path: str) -> mmap.mmap:
         return mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
-
-
-def _address(mapped: mmap.mmap) -> int:
-    view = ctypes.c_char.from_buffer(mapped)
-    try:
-        return ctypes.addressof(view)
-    finally:
-        del view
 
 
 def _close(mapped: mmap.mmap) -> None:

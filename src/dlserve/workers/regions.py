@@ -17,7 +17,6 @@ request brings it, and closed when the server says the region is gone: never per
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import sys
@@ -29,7 +28,7 @@ import numpy.typing as npt
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import cuda_ipc
-from dlserve.tensors.shm import object_size, open_client_object
+from dlserve.tensors.shm import buffer_address, object_size, open_client_object
 
 
 @dataclass(slots=True)
@@ -183,13 +182,4 @@ def _remap(mapping: _Mapping, size: int) -> None:
         except BufferError:
             pass  # views of the old mapping keep it until they go
     mapping.map = mmap.mmap(mapping.fd, size) if size > 0 else None
-    mapping.address = 0 if mapping.map is None else _address(mapping.map)
-
-
-def _address(mapped: mmap.mmap) -> int:
-    """The mapping's start address (the ctypes view is dropped at once: no export stays)."""
-    view = ctypes.c_char.from_buffer(mapped)
-    try:
-        return ctypes.addressof(view)
-    finally:
-        del view
+    mapping.address = 0 if mapping.map is None else buffer_address(mapping.map)

@@ -30,9 +30,9 @@ from dlserve.backend import link
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
-from dlserve.tensors.shm import Arena, ShmSegment
+from dlserve.tensors.shm import Arena, ShmSegment, buffer_address
 from dlserve.workers import gpu_bls, gpu_io
-from dlserve.workers.bls_memory import SharedMemoryForBls, address_of
+from dlserve.workers.bls_memory import SharedMemoryForBls
 from dlserve.workers.cancellation import Cancellation, upstream
 from dlserve.workers.decoupled import decoupled_request
 from dlserve.workers.outputs import OutputWriter
@@ -88,7 +88,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu)
         self.peers = PeerArenas()
         self.gpu_lender = gpu_bls.GpuLender()
-        self._input_base = address_of(self.input_arena)
+        self._input_base = buffer_address(self.input_arena.buffer)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
         self._decoupled: bool | None = None  # from the config, once known
         self._started = 0  # the newest rid started (rids grow)
