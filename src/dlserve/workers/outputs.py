@@ -84,8 +84,12 @@ class OutputWriter:
                 self.arena.free(buffer.arena_offset)
         self._buffers.clear()
 
-    def _in_place(self, name: str, address: int, nbytes: int) -> _Buffer | None:
-        """The buffer handed out for ``name``, if the output is exactly its bytes."""
+    def _in_place(self, name: str, data: memoryview | int, nbytes: int) -> _Buffer | None:
+        """The buffer handed out for ``name``, if the output (its bytes, or a device
+        address) is exactly that buffer. Most requests ask for none: nothing to look up."""
+        if not self._buffers:
+            return None
+        address = data if isinstance(data, int) else buffer_address(data)
         buffer = self._buffers.get(address)
         if buffer is not None and buffer.name == name and buffer.nbytes == nbytes:
             return self._buffers.pop(address)
@@ -127,7 +131,7 @@ class OutputWriter:
         if target is not None:
             return self._to_region(name, dtype, shape, data, target), None
         if data.nbytes > INLINE_OUTPUT_LIMIT:
-            buffer = self._in_place(name, buffer_address(data), data.nbytes)
+            buffer = self._in_place(name, data, data.nbytes)
             if buffer is not None and buffer.arena_offset >= 0:  # written where it goes
                 arena_offset: int | None = buffer.arena_offset
             else:
@@ -145,7 +149,7 @@ class OutputWriter:
         """The output's one copy (none if it is there already): into a system region."""
         _check_room(name, data.nbytes, target)
         written = _sized(target, data.nbytes)
-        if self._in_place(name, buffer_address(data), data.nbytes) is None:
+        if self._in_place(name, data, data.nbytes) is None:
             self.regions.view(written, f"output '{name}'")[:] = data
         return _described(written, dtype, shape)
 
