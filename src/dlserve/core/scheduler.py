@@ -161,12 +161,7 @@ class Scheduler:
         ``device``: one on that GPU when the model has any there (waiting for it if they
         are busy), else any (the request crosses devices: said once, and counted)."""
         if device is not None:
-            on_device = [
-                worker
-                for spec, worker in zip(self.pool.specs, self.pool.workers, strict=True)
-                if spec.kind == "GPU" and spec.device_id == device
-                and worker is not None and worker.alive
-            ]  # fmt: skip
+            on_device = self.pool.on_device(device)
             if on_device:
                 return next((w for w in on_device if w not in self._busy), None)
         for worker in self.pool.workers:
@@ -174,17 +169,11 @@ class Scheduler:
                 return worker
         return None
 
-    def _gpu_of(self, worker: WorkerBase) -> int | None:
-        for spec, one in zip(self.pool.specs, self.pool.workers, strict=True):
-            if one is worker:
-                return spec.device_id if spec.kind == "GPU" else None
-        return None
-
     def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
         devices = [job.device for job in jobs if job.device is not None]
         if not devices:
             return
-        gpu = self._gpu_of(worker)
+        gpu = self.pool.gpu_of(worker)
         for device in devices:
             if device != gpu:
                 self._crossed(device)

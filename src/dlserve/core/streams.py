@@ -77,7 +77,7 @@ async def _run_decoupled(
     try:
         inputs, _ = loaded.validator.check(request)
         assert loaded.pool is not None
-        worker, _ = loaded.pool.pick_on(None if lease is None else lease.device)
+        worker = loaded.pool.pick_on(None if lease is None else lease.device)
         if lease is not None:
             lease.bind(worker)
         item = WorkItem(request.id, inputs, [o.name for o in request.outputs],

@@ -144,25 +144,29 @@ class WorkerPool:
             )
         return best
 
-    def pick_on(self, device: int | None) -> tuple[WorkerBase, bool]:
-        """The least busy live instance on GPU ``device`` if the model has one there (True),
-        else the least busy of all (False: the request crosses devices). ``device`` None:
-        any instance, and no crossing."""
-        if device is None:
-            return self.pick(), True
-        best: WorkerBase | None = None
-        for spec, worker in zip(self.specs, self.workers, strict=True):
-            if spec.kind != "GPU" or spec.device_id != device:
-                continue
-            if (
-                worker is not None
-                and worker.alive
-                and (best is None or worker.inflight < best.inflight)
-            ):
-                best = worker
-        if best is not None:
-            return best, True
-        return self.pick(), False
+    def on_device(self, device: int) -> list[WorkerBase]:
+        """The live instances on GPU ``device``."""
+        return [
+            worker
+            for spec, worker in zip(self.specs, self.workers, strict=True)
+            if spec.kind == "GPU" and spec.device_id == device
+            and worker is not None and worker.alive
+        ]  # fmt: skip
+
+    def gpu_of(self, worker: WorkerBase) -> int | None:
+        """The GPU an instance is on (None for a CPU instance, or one not in the pool)."""
+        for spec, one in zip(self.specs, self.workers, strict=True):
+            if one is worker:
+                return spec.device_id if spec.kind == "GPU" else None
+        return None
+
+    def pick_on(self, device: int | None) -> WorkerBase:
+        """The least busy live instance on GPU ``device`` if the model has one there, else
+        the least busy of all."""
+        candidates = self.on_device(device) if device is not None else []
+        if not candidates:
+            return self.pick()
+        return min(candidates, key=lambda worker: worker.inflight)
 
     async def stop(self, timeout: float) -> None:
         self._stopping = True
