@@ -1,0 +1,118 @@
+"""What the CUDA calls on a BLS hop cost (needs a GPU, torch and cuda-python).
+
+Part 1, one process: each call dlserve makes around a GPU tensor passed between models,
+timed alone (p50 of many). Part 2, three processes as in a BLS pipeline: a callee runs a
+torch kernel into its memory and signals the caller, the caller copies that memory
+(opened by IPC handle) into a third process's memory (opened by IPC handle), as the
+caller's output into a client's CUDA region; timed against the same copy when the callee
+ran nothing just before.
+
+    python benchmarks/probes/cuda_calls.py
+
+A probe for developers, not a benchmark of record.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from dlserve.tensors import cuda_ipc
+
+NBYTES = 3 * 224 * 224 * 4
+
+
+def timeit(label: str, fn: Callable[[], Any], n: int = 2000) -> None:
+    for _ in range(50):
+        fn()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - start)
+    print(f"  {label:<55} p50 {np.percentile(samples, 50) / 1e3:7.1f} us", flush=True)
+
+
+def one_process() -> None:
+    import torch
+
+    rt = cuda_ipc._runtime()
+    x = torch.ones(NBYTES // 4, device="cuda")
+    y = x * 2
+    ptr = y.data_ptr()
+    print("one process:")
+    timeit("cudaStreamSynchronize(legacy), idle", lambda: rt.cudaStreamSynchronize(0))
+    timeit("cuda_ipc.synchronize(0) (with on_device)", lambda: cuda_ipc.synchronize(0))
+    timeit("torch x * 2 (launch only)", lambda: x * 2)
+    timeit("torch x * 2 + cudaStreamSynchronize", lambda: (x * 2, rt.cudaStreamSynchronize(0)))
+    timeit("torch x * 2 + torch.cuda.synchronize", lambda: (x * 2, torch.cuda.synchronize()))
+    timeit("cuda_ipc.address_range", lambda: cuda_ipc.address_range(ptr))
+    timeit("cudaIpcGetMemHandle", lambda: rt.cudaIpcGetMemHandle(ptr))
+    timeit("cuda_ipc.export_handle (sync, range, handle)", lambda: cuda_ipc.export_handle(ptr, 0))
+    z = torch.empty_like(x)
+    timeit("cuda_ipc.copy 0.6 MB D2D (+ sync)", lambda: cuda_ipc.copy(z.data_ptr(), ptr, NBYTES))
+    timeit("cudaGetDevice", lambda: rt.cudaGetDevice())
+
+
+def callee(conn: Any) -> None:
+    import torch
+
+    x = torch.ones(NBYTES // 4, device="cuda")
+    y = torch.empty_like(x)
+    handle, _, _ = cuda_ipc.export_handle(y.data_ptr(), 0)
+    conn.send(handle)
+    while True:
+        what = conn.recv()
+        if what == "stop":
+            return
+        if what == "kernel":
+            torch.mul(x, 2, out=y)
+            cuda_ipc.synchronize(0)
+        conn.send("ready")
+
+
+def client(conn: Any) -> None:
+    buf = cuda_ipc.DeviceBuffer(NBYTES, 0)
+    handle, _, _ = cuda_ipc.export_handle(buf.ptr, 0)
+    conn.send(handle)
+    conn.recv()
+
+
+def three_processes() -> None:
+    ctx = mp.get_context("spawn")
+    a, a_child = ctx.Pipe()
+    c, c_child = ctx.Pipe()
+    pa = ctx.Process(target=callee, args=(a_child,))
+    pc = ctx.Process(target=client, args=(c_child,))
+    pa.start()
+    pc.start()
+    src = cuda_ipc.open_handle(a.recv(), 0)
+    dst = cuda_ipc.open_handle(c.recv(), 0)
+    print("three processes (caller copies callee's memory into client's):")
+    for what in ("kernel", "nothing"):
+        samples = []
+        for i in range(1500):
+            a.send(what)
+            a.recv()
+            start = time.perf_counter_ns()
+            cuda_ipc.copy(dst, src, NBYTES)
+            if i >= 100:
+                samples.append(time.perf_counter_ns() - start)
+        label = f"copy right after the callee ran {what}"
+        print(f"  {label:<55} p50 {np.percentile(samples, 50) / 1e3:7.1f} us", flush=True)
+    a.send("stop")
+    c.send("stop")
+    pa.join()
+    pc.join()
+
+
+if __name__ == "__main__":
+    one_process()
+    three_processes()
