@@ -7,7 +7,7 @@ memory; ``gpu_pipeline`` computes x * 2 + 1 in one model. One client (unmodified
 tritonclient.grpc, regions registered once), fp32 [1,3,224,224] (0.6 MB) and
 [128,3,224,224] (77 MB), p50 and p99 of each.
 
-    python benchmarks/bench_bls.py [--duration S] [--sizes 0.6MB,77MB] [--busy-poll-us US]
+    python benchmarks/bench_bls.py [--duration S] [--sizes 0.6MB,77MB] [--busy-poll-us US] [--mps]
         [--json PATH]
 
 Target (issue 6): the BLS pipeline's p50 at most 1.5x the single model's. Reference,
@@ -82,11 +82,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds")
     parser.add_argument("--sizes", default="0.6MB,77MB")
     parser.add_argument("--busy-poll-us", type=int, default=0, help="dlserve's --busy-poll-us")
+    parser.add_argument("--mps", action="store_true", help="dlserve's --mps")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with _triton.run_dlserve(
-        MODELS, *_triton.free_ports(3), "--busy-poll-us", str(args.busy_poll_us)
+        MODELS,
+        *_triton.free_ports(3),
+        "--busy-poll-us",
+        str(args.busy_poll_us),
+        *(["--mps"] if args.mps else []),
     ) as server:
         for size in args.sizes.split(","):
             for model in ("gpu_pipeline", "bls_gpu_pipeline"):

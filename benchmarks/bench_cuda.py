@@ -7,7 +7,7 @@ its input and output live in CUDA shared-memory regions it registered once
 fp32 [1,3,224,224] (0.6 MB) and [128,3,224,224] (77 MB); 1 client (p50, p99), then N
 concurrent clients (throughput).
 
-    python benchmarks/bench_cuda.py [--duration S] [--clients 1,4,8] [--busy-poll-us US]
+    python benchmarks/bench_cuda.py [--duration S] [--clients 1,4,8] [--busy-poll-us US] [--mps]
         [--json PATH]
 
 The reference is Triton 2.51's Python backend on the same kind of machine (an H200), as
@@ -162,10 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="0.6MB,77MB")
     parser.add_argument("--clients", default="1,4,8", help="client counts to measure")
     parser.add_argument("--busy-poll-us", type=int, default=0, help="dlserve's --busy-poll-us")
+    parser.add_argument("--mps", action="store_true", help="dlserve's --mps")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows = []
-    extra = ("--busy-poll-us", str(args.busy_poll_us))
+    extra = ("--busy-poll-us", str(args.busy_poll_us), *(["--mps"] if args.mps else []))
     with _triton.run_dlserve(MODELS, *_triton.free_ports(3), *extra) as server:
         for size in args.sizes.split(","):
             for clients in (int(c) for c in args.clients.split(",")):

@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         help="unregister client shared memory regions no request has used for this long",
     )
     serve.add_argument(
+        "--mps",
+        action="store_true",
+        help="start a private NVIDIA MPS daemon for the workers, so their GPU work shares "
+        "one context instead of the GPU switching between processes (docs/pitfalls.md)",
+    )
+    serve.add_argument(
         "--ready-fd",
         type=int,
         default=None,
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         busy_poll_us=args.busy_poll_us,
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
+        mps=args.mps,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

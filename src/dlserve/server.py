@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlserve.core.manager import ManagerOptions
+from dlserve.core.mps import MpsDaemon
 from dlserve.core.owners import OwnerOptions
 from dlserve.core.regions import AllowClientShm
 from dlserve.core.repository import Repository
@@ -44,6 +45,7 @@ class ServerOptions:
     busy_poll_us: int = 0  # poll instead of sleeping between requests (workers and server)
     grpc_uds: str | None = None  # gRPC also listens on this Unix socket path
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
+    mps: bool = False  # start a private NVIDIA MPS daemon for the workers
 
 
 class Server:
@@ -71,12 +73,16 @@ class Server:
             create_metrics_app(self.service), options.host, options.metrics_port
         )
         self._grpc: Any = None
+        self._mps: MpsDaemon | None = None
         self.ports: dict[str, int] = {}
 
     async def start(self) -> None:
-        """1. load models  2. open gRPC, HTTP, metrics  3. report."""
+        """0. MPS, when asked  1. load models  2. open gRPC, HTTP, metrics  3. report."""
         if not self.options.model_repository.is_dir():
             raise FatalError(f"model repository {self.options.model_repository} is not a directory")
+        if self.options.mps:  # before any CUDA context: workers inherit the environment
+            self._mps = await asyncio.to_thread(MpsDaemon.start)
+            os.environ.update(self._mps.env)
         await self.service.startup()
         self._grpc, grpc_port = create_grpc_server(
             self.service, f"{self.options.host}:{self.options.grpc_port}", self.options.grpc_uds
@@ -115,6 +121,9 @@ class Server:
             self._metrics.stop(timeout),
         )
         await self.service.shutdown()
+        if self._mps is not None:
+            await asyncio.to_thread(self._mps.stop)
+            self._mps = None
         log.info("dlserve stopped")
 
 
