@@ -146,17 +146,24 @@ def test_errors_give_the_region_back(url: str, server: RunningServer) -> None:
 
 
 def test_fixed_size_outputs_are_written_into_the_region(url: str, server: RunningServer) -> None:
-    """double's OUTPUT_0 has a fixed size (588 KiB): named, it is written into the call's
-    region beside the input, which is therefore 2 MiB rather than 1 MiB."""
+    """double's OUTPUT_0 has a fixed size (588 KiB): named, or not named (every output), it
+    is written into the call's region beside the input, which is therefore 2 MiB rather
+    than 1 MiB; add_sub's outputs have no fixed size and come back in the response."""
     image = RNG.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    for outputs in (["OUTPUT_0"], None):
+        with Client(url) as client:
+            for _ in range(3):
+                out = client.infer("double", {"INPUT_0": image}, outputs)
+                assert list(out) == ["OUTPUT_0"]
+                np.testing.assert_array_equal(out["OUTPUT_0"], image * 2)
+            sizes = [slot.size for pool in client._pools.all() for slot in pool._all]
+            assert sizes == [2 << 20]
     with Client(url) as client:
-        for _ in range(3):
-            out = client.infer("double", {"INPUT_0": image}, ["OUTPUT_0"])
-            np.testing.assert_array_equal(out["OUTPUT_0"], image * 2)
+        a = fp32(300_000)  # 1.2 MB each: both inputs in one 4 MiB region, no room for outputs
+        out = client.infer("add_sub", {"INPUT0": a, "INPUT1": a})
+        np.testing.assert_array_equal(out["OUTPUT0"], a + a)
         sizes = [slot.size for pool in client._pools.all() for slot in pool._all]
-        assert sizes == [2 << 20]
-        everything = client.infer("double", {"INPUT_0": image})  # unnamed: in the response
-        np.testing.assert_array_equal(everything["OUTPUT_0"], image * 2)
+        assert sizes == [4 << 20]
     assert status(server) == set()
 
 

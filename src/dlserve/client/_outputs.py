@@ -42,28 +42,49 @@ class PlacedOutput:
     offset: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ModelOutputs:
+    """A model's outputs as its configuration declares them: every name, and the layouts
+    of those whose size is fixed."""
+
+    names: tuple[str, ...]
+    fixed: dict[str, OutputLayout]
+
+
+UNKNOWN = ModelOutputs((), {})
+
+
 def fixed_outputs(config: Mapping[str, Any]) -> dict[str, OutputLayout]:
     """The outputs of a model configuration (JSON form) whose size is fixed."""
-    if int(config.get("max_batch_size", 0) or 0) > 0:
-        return {}
+    return model_outputs(config).fixed
+
+
+def model_outputs(config: Mapping[str, Any]) -> ModelOutputs:
+    """Every output of a model configuration (JSON form), and those of fixed size."""
+    batched = int(config.get("max_batch_size", 0) or 0) > 0
+    names: list[str] = []
     found: dict[str, OutputLayout] = {}
     for output in config.get("output", []):
+        name = str(output["name"])
+        names.append(name)
         dtype = dtypes.from_config(str(output.get("data_type", "")))
         dims = tuple(int(d) for d in output.get("dims", []))
-        if dtype is None or dtype.is_bytes or "reshape" in output or any(d < 0 for d in dims):
+        if batched or dtype is None or dtype.is_bytes or "reshape" in output:
             continue
-        found[str(output["name"])] = OutputLayout(str(output["name"]), dtype, dims)
-    return found
+        if any(d < 0 for d in dims):
+            continue
+        found[name] = OutputLayout(name, dtype, dims)
+    return ModelOutputs(tuple(names), found)
 
 
 class LayoutCache:
-    """Fixed outputs per (model, version), asked of the server once."""
+    """Models' outputs per (model, version), asked of the server once."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[str, str], dict[str, OutputLayout]] = {}
+        self._known: dict[tuple[str, str], ModelOutputs] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: str, version: str) -> dict[str, OutputLayout] | None:
+    def get(self, model: str, version: str) -> ModelOutputs | None:
         with self._lock:
             return self._known.get((model, version))
 
@@ -71,9 +92,9 @@ class LayoutCache:
         with self._lock:
             self._known.pop((model, version), None)
 
-    def put(self, model: str, version: str, config: Any, protocol: str) -> dict[str, OutputLayout]:
+    def put(self, model: str, version: str, config: Any, protocol: str) -> ModelOutputs:
         body = config.get("config", {}) if protocol == "grpc" else config
-        layouts = fixed_outputs(body)
+        layouts = model_outputs(body)
         with self._lock:
             self._known[(model, version)] = layouts
         return layouts

@@ -9,7 +9,7 @@ import ipaddress
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -20,7 +20,7 @@ import numpy.typing as npt
 from dlserve.client import _cuda
 from dlserve.client import cuda_shared_memory as cudashm
 from dlserve.client import shared_memory as shm
-from dlserve.client._outputs import OutputLayout, PlacedOutput, read_placed
+from dlserve.client._outputs import ModelOutputs, OutputLayout, PlacedOutput, read_placed
 from dlserve.client._pool import KEY_PREFIX, RegionPool, Slot, aligned, pid_namespace
 from dlserve.client._tensors import DeviceArray, DeviceInput, HostInput, describe
 from dlserve.tensors import dtypes
@@ -189,19 +189,20 @@ class Planner:
                 "requests from now on", why,
             )  # fmt: skip
 
-    def wants_layouts(self, outputs: OutputSpec) -> bool:
-        """Whether named outputs might go into regions (their sizes are then needed)."""
-        return self.use_shm and outputs is not None
-
     def prepare(
-        self, inputs: Mapping[str, Any], outputs: OutputSpec,
-        layouts: Mapping[str, OutputLayout] | None = None,
-    ) -> Prepared:  # fmt: skip
-        """``layouts``: the model's fixed-size outputs, which may be written into regions."""
+        self, inputs: Mapping[str, Any], outputs: OutputSpec, known: ModelOutputs | None = None
+    ) -> Prepared:
+        """``known``: the model's outputs; those of fixed size may be written into regions.
+        With ``outputs`` None (every output, on the host), every output is asked for by
+        name when one of them is big enough to be worth a region: it then comes back
+        through shared memory instead of in the response."""
+        layouts = known.fixed if known is not None else {}
+        if outputs is None and known is not None and self._worth_placing(layouts.values()):
+            outputs = list(known.names)
         described = [describe(name, value) for name, value in inputs.items()]
         prepared = Prepared([], *self._outputs(outputs))
         try:
-            self._place(described, prepared, self._placeable(prepared, layouts or {}))
+            self._place(described, prepared, self._placeable(prepared, layouts))
         except BaseException:
             self.give_back(prepared)  # nothing registered yet: fresh regions are destroyed
             raise
@@ -214,6 +215,9 @@ class Planner:
         devices = {name: device_of(spec) for name, spec in items}
         kwargs = {"binary_data": True} if self.target.protocol == "http" else {}
         return [self.lib.InferRequestedOutput(n, **kwargs) for n in devices], devices
+
+    def _worth_placing(self, layouts: Iterable[OutputLayout]) -> bool:
+        return self.use_shm and any(layout.nbytes >= self.threshold for layout in layouts)
 
     def _placeable(
         self, prepared: Prepared, layouts: Mapping[str, OutputLayout]

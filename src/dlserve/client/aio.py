@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from dlserve.client._outputs import LayoutCache, OutputLayout
+from dlserve.client._outputs import UNKNOWN, LayoutCache, ModelOutputs
 from dlserve.client._pool import RegionPool, Slot
 from dlserve.client._request import (
     PID_HEADER,
@@ -76,10 +76,10 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """As :meth:`dlserve.client.Client.infer`."""
-        layouts = None
-        if self._planner.wants_layouts(outputs):
-            layouts = await self._fixed_outputs(model, model_version)
-        prepared = self._planner.prepare(inputs, outputs, layouts)
+        known = None
+        if self._planner.use_shm:  # outputs of fixed size may come back through a region
+            known = await self._model_outputs(model, model_version)
+        prepared = self._planner.prepare(inputs, outputs, known)
         try:
             if await self._register(prepared):
                 result = await self.api.infer(
@@ -114,7 +114,7 @@ class AsyncClient:
             return False
         return True
 
-    async def _fixed_outputs(self, model: str, version: str) -> dict[str, OutputLayout]:
+    async def _model_outputs(self, model: str, version: str) -> ModelOutputs:
         known = self._layouts.get(model, version)
         if known is None:
             grpc = self.target.protocol == "grpc"
@@ -122,7 +122,7 @@ class AsyncClient:
                 kwargs = {"as_json": True} if grpc else {}
                 config = await self.api.get_model_config(model, version, **kwargs)
             except Exception:
-                return {}  # infer reports what is wrong with the model
+                return UNKNOWN  # infer reports what is wrong with the model
             known = self._layouts.put(model, version, config, self.target.protocol)
         return known
 

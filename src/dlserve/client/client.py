@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from dlserve.client._outputs import LayoutCache, OutputLayout
+from dlserve.client._outputs import UNKNOWN, LayoutCache, ModelOutputs
 from dlserve.client._pool import RegionPool, Slot
 from dlserve.client._request import (
     PID_HEADER,
@@ -148,10 +148,10 @@ class Client:
         """
         self._check_fork()
         api = self._connections.get()
-        layouts = None
-        if self._planner.wants_layouts(outputs):
-            layouts = self._fixed_outputs(api, model, model_version)
-        prepared = self._planner.prepare(inputs, outputs, layouts)
+        known = None
+        if self._planner.use_shm:  # outputs of fixed size may come back through a region
+            known = self._model_outputs(api, model, model_version)
+        prepared = self._planner.prepare(inputs, outputs, known)
         try:
             if self._register(api, prepared):
                 result = api.infer(
@@ -188,14 +188,14 @@ class Client:
             return False
         return True
 
-    def _fixed_outputs(self, api: Any, model: str, version: str) -> dict[str, OutputLayout]:
+    def _model_outputs(self, api: Any, model: str, version: str) -> ModelOutputs:
         known = self._layouts.get(model, version)
         if known is None:
             grpc = self.target.protocol == "grpc"
             try:
                 config = api.get_model_config(model, version, **({"as_json": True} if grpc else {}))
             except Exception:
-                return {}  # infer reports what is wrong with the model
+                return UNKNOWN  # infer reports what is wrong with the model
             known = self._layouts.put(model, version, config, self.target.protocol)
         return known
 
