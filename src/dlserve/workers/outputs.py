@@ -110,7 +110,9 @@ class OutputWriter:
             if target is not None:
                 _check_room(name, nbytes, target)
                 written = _sized(target, nbytes)
-                self.gpu.to_host(tensor, self.regions.view(written, f"output '{name}'"))
+                view = self.regions.view(written, f"output '{name}'")
+                self.regions.pin(written)
+                self.gpu.to_host(tensor, view)
                 return _described(written, dtype, shape), None
             if nbytes > INLINE_OUTPUT_LIMIT:
                 arena_offset = self.arena.alloc(nbytes)

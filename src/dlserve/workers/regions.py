@@ -37,13 +37,23 @@ class _Mapping:
     key: str
     map: mmap.mmap | None  # None while the object is empty
     address: int = 0  # where ``map`` starts in this process
+    pinned: bool = False  # page-locked for CUDA (GPU outputs are copied into it)
 
     @property
     def size(self) -> int:
         return 0 if self.map is None else len(self.map)
 
+    def unpin(self) -> None:
+        if self.pinned:
+            self.pinned = False
+            try:
+                cuda_ipc.unpin_host_memory(self.address)
+            except (cuda_ipc.CudaUnavailable, cuda_ipc.CudaError):
+                pass  # unmapping releases the pages either way
+
     def close(self) -> None:
         """Unmap (once no view of it is left, if some still are) and close the descriptor."""
+        self.unpin()
         if self.map is not None:
             try:
                 self.map.close()
@@ -61,6 +71,7 @@ class ClientRegions:
         self._cuda: dict[int, tuple[int, int]] = {}  # region id -> (pointer, device)
         self.cuda_opens = 0  # handles opened so far (each region once)
         self._cuda_handles: dict[int, tuple[bytes, int]] = {}  # BLS: region id -> (handle, size)
+        self._unpinnable: set[int] = set()  # system regions CUDA would not page-lock
 
     def cuda_pointer(self, ref: m.TensorRef, what: str) -> int:
         """The device address of ``ref``'s bytes in a client's CUDA region."""
@@ -103,6 +114,21 @@ class ClientRegions:
         assert mapping.map is not None
         return memoryview(mapping.map)[ref.offset : end]
 
+    def pin(self, ref: m.TensorRef) -> None:
+        """Page-lock a system region (mapped already) the first time a GPU output is copied
+        into it, so that the copy runs at full speed; a failure only costs speed."""
+        mapping = self._mapped.get(ref.region)
+        if mapping is None or mapping.pinned or mapping.map is None:
+            return
+        if ref.region in self._unpinnable:
+            return
+        mapping.pinned = True
+        try:
+            cuda_ipc.pin_host_memory(mapping.address, mapping.size)
+        except (cuda_ipc.CudaUnavailable, cuda_ipc.CudaError):
+            mapping.pinned = False
+            self._unpinnable.add(ref.region)
+
     def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
         """Where ``array``'s bytes are, when they lie in a region mapped here: a BLS call can
         pass them to another worker by reference (name, datatype and shape left empty)."""
@@ -134,6 +160,7 @@ class ClientRegions:
             mapping = self._mapped.pop(region, None)
             if mapping is not None:
                 mapping.close()
+            self._unpinnable.discard(region)
             self._cuda_handles.pop(region, None)
             opened = self._cuda.pop(region, None)
             if opened is not None:
@@ -176,6 +203,7 @@ def _open(key: str, what: str) -> _Mapping:
 
 def _remap(mapping: _Mapping, size: int) -> None:
     """Map the whole object as it is now, in place of the old mapping."""
+    mapping.unpin()  # pinned again, at the new address, when a GPU output next comes
     if mapping.map is not None:
         try:
             mapping.map.close()
