@@ -81,7 +81,9 @@ class Server:
         if not self.options.model_repository.is_dir():
             raise FatalError(f"model repository {self.options.model_repository} is not a directory")
         if self.options.mps:  # before any CUDA context: workers inherit the environment
-            self._mps = await asyncio.to_thread(MpsDaemon.start)
+            # on this (the main) thread: the daemon is told to die with the thread that
+            # started it; starting takes milliseconds
+            self._mps = MpsDaemon.start()
             os.environ.update(self._mps.env)
         await self.service.startup()
         self._grpc, grpc_port = create_grpc_server(

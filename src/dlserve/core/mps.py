@@ -8,7 +8,8 @@ The Multi-Process Service runs the work of all its clients in one context, so no
 switches. ``--mps`` starts a private MPS control daemon (its pipe and log folders in a
 temporary folder of this server's own) before any worker starts; the workers, and the
 server itself, connect to it through ``CUDA_MPS_PIPE_DIRECTORY``. It is stopped at
-shutdown, and dies with the server (it runs in the foreground as the server's child).
+shutdown, and dies with the server (it runs in the foreground as the server's child, and
+the kernel sends it SIGTERM when the server's main thread goes).
 
 Without ``--mps``, workers use whatever MPS the environment already has (a system-wide
 daemon, or ``CUDA_MPS_PIPE_DIRECTORY`` set by the user), like any CUDA program.
@@ -17,12 +18,11 @@ daemon, or ``CUDA_MPS_PIPE_DIRECTORY`` set by the user), like any CUDA program.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,10 +36,13 @@ READY_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 
 
-def _die_with_parent() -> None:
-    """In the daemon's child, before exec: SIGTERM when the server dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+# Run in place of the daemon: ask for SIGTERM when the server dies, then become the daemon
+# (the request survives exec). A shim rather than preexec_fn: the server has threads.
+_SHIM = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 class MpsDaemon:
@@ -70,8 +73,8 @@ class MpsDaemon:
                "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}  # fmt: skip
         with open(folder / "log" / "daemon.out", "wb") as out:
             process = subprocess.Popen(
-                [control, "-f"], env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                [sys.executable, "-c", _SHIM, control, "-f"], env=env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         daemon = cls(control, folder, process)
         deadline = time.monotonic() + READY_TIMEOUT_S
