@@ -49,6 +49,7 @@ class ModelOutputs:
 
     names: tuple[str, ...]
     fixed: dict[str, OutputLayout]
+    largest: int = 0  # bytes of the largest fixed-size output
 
 
 UNKNOWN = ModelOutputs((), {})
@@ -74,7 +75,8 @@ def model_outputs(config: Mapping[str, Any]) -> ModelOutputs:
         if any(d < 0 for d in dims):
             continue
         found[name] = OutputLayout(name, dtype, dims)
-    return ModelOutputs(tuple(names), found)
+    largest = max((layout.nbytes for layout in found.values()), default=0)
+    return ModelOutputs(tuple(names), found, largest)
 
 
 class LayoutCache:

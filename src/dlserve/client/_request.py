@@ -9,7 +9,7 @@ import ipaddress
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -197,7 +197,12 @@ class Planner:
         name when one of them is big enough to be worth a region: it then comes back
         through shared memory instead of in the response."""
         layouts = known.fixed if known is not None else {}
-        if outputs is None and known is not None and self._worth_placing(layouts.values()):
+        if (
+            outputs is None
+            and known is not None
+            and self.use_shm
+            and known.largest >= self.threshold
+        ):
             outputs = list(known.names)
         described = [describe(name, value) for name, value in inputs.items()]
         prepared = Prepared([], *self._outputs(outputs))
@@ -215,9 +220,6 @@ class Planner:
         devices = {name: device_of(spec) for name, spec in items}
         kwargs = {"binary_data": True} if self.target.protocol == "http" else {}
         return [self.lib.InferRequestedOutput(n, **kwargs) for n in devices], devices
-
-    def _worth_placing(self, layouts: Iterable[OutputLayout]) -> bool:
-        return self.use_shm and any(layout.nbytes >= self.threshold for layout in layouts)
 
     def _placeable(
         self, prepared: Prepared, layouts: Mapping[str, OutputLayout]
