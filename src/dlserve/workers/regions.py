@@ -38,6 +38,7 @@ class _Mapping:
     map: mmap.mmap | None  # None while the object is empty
     address: int = 0  # where ``map`` starts in this process
     pinned: bool = False  # page-locked for CUDA (GPU outputs are copied into it)
+    pin_failed: bool = False  # CUDA would not page-lock it: not asked again
 
     @property
     def size(self) -> int:
@@ -71,7 +72,6 @@ class ClientRegions:
         self._cuda: dict[int, tuple[int, int]] = {}  # region id -> (pointer, device)
         self.cuda_opens = 0  # handles opened so far (each region once)
         self._cuda_handles: dict[int, tuple[bytes, int]] = {}  # BLS: region id -> (handle, size)
-        self._unpinnable: set[int] = set()  # system regions CUDA would not page-lock
 
     def cuda_pointer(self, ref: m.TensorRef, what: str) -> int:
         """The device address of ``ref``'s bytes in a client's CUDA region."""
@@ -118,16 +118,14 @@ class ClientRegions:
         """Page-lock a system region (mapped already) the first time a GPU output is copied
         into it, so that the copy runs at full speed; a failure only costs speed."""
         mapping = self._mapped.get(ref.region)
-        if mapping is None or mapping.pinned or mapping.map is None:
+        if mapping is None or mapping.map is None or mapping.pinned or mapping.pin_failed:
             return
-        if ref.region in self._unpinnable:
-            return
-        mapping.pinned = True
         try:
             cuda_ipc.pin_host_memory(mapping.address, mapping.size)
         except (cuda_ipc.CudaUnavailable, cuda_ipc.CudaError):
-            mapping.pinned = False
-            self._unpinnable.add(ref.region)
+            mapping.pin_failed = True
+            return
+        mapping.pinned = True
 
     def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
         """Where ``array``'s bytes are, when they lie in a region mapped here: a BLS call can
@@ -160,7 +158,6 @@ class ClientRegions:
             mapping = self._mapped.pop(region, None)
             if mapping is not None:
                 mapping.close()
-            self._unpinnable.discard(region)
             self._cuda_handles.pop(region, None)
             opened = self._cuda.pop(region, None)
             if opened is not None:
