@@ -32,6 +32,7 @@ from dlserve.core.service import InferenceService
 from dlserve.frontends.http import convert
 from dlserve.frontends.http.errors import error_body, error_reply
 from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE
+from dlserve.frontends.http.generate import GenerateEndpoint
 from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
 
 log = logging.getLogger("dlserve.http")
@@ -292,6 +293,10 @@ class HttpApp:
             *_versioned("/config", self.model_config, get),
             *_versioned("/stats", self.stats, get),
             *_versioned("/infer", self.infer, post),
+            *_versioned("/generate", GenerateEndpoint(self.service, self._raw_body, False), post),
+            *_versioned(
+                "/generate_stream", GenerateEndpoint(self.service, self._raw_body, True), post
+            ),
             Route("/v2/models/{model}/trace/setting", self.trace_setting, methods=both),
             Route("/v2/trace/setting", self.trace_setting, methods=both),
             Route("/v2/repository/index", self.repository_index, methods=post),
@@ -302,9 +307,12 @@ class HttpApp:
             *CudaSharedMemoryRoutes(self.service, self._body, convert.encode_json).routes(),
         ]
 
+    async def _raw_body(self, scope: Scope, receive: Receive) -> bytes:
+        headers = _scan_headers(scope["headers"])
+        return await read_body(receive, headers.content_length, self.limit)
+
     async def _body(self, request: Request, what: str) -> convert.JsonObject:
-        headers = _scan_headers(request.scope["headers"])
-        body = await read_body(request.receive, headers.content_length, self.limit)
+        body = await self._raw_body(request.scope, request.receive)
         return convert.parse_json_object(body, what)
 
     async def live(self, request: Request) -> Response:
