@@ -100,13 +100,17 @@ def spread(name: str, count: int, dims: tuple[int, ...]) -> tuple[int, ...]:
     """``count`` elements as a shape of ``dims``: the fixed dims must divide them, the
     innermost -1 takes what is left, any other -1 is 1."""
     fixed = math.prod(d for d in dims if d >= 0)
-    left = count // fixed if fixed else 0
-    innermost = max((i for i, d in enumerate(dims) if d < 0), default=-1)
-    if (fixed and count % fixed) or (not fixed and count) or (innermost < 0 and left != 1):
+    free = [i for i, d in enumerate(dims) if d < 0]
+    if free and fixed:
+        fits, left = count % fixed == 0, count // fixed
+    else:  # nothing to spread over, or a zero dim: only an exact count fits
+        fits, left = count == fixed, 0
+    if not fits:
         raise errors.InvalidArgumentError(
             f"The schema can not convert input '{name}' to tensor with proper shape: "
             f"{count} elements for dims {list(dims)}"
         )
+    innermost = free[-1] if free else -1
     return tuple(left if i == innermost else (1 if d < 0 else d) for i, d in enumerate(dims))
 
 
