@@ -9,8 +9,8 @@ a boolean), and so is each key of an optional ``"parameters"`` object, by the sa
 
 The response is one flat JSON object: ``model_name``, ``model_version``, the response's
 parameters, and each output as the list of its elements (one element: the element
-itself). ``/generate`` answers once, so a decoupled model must send exactly one response.
-``/generate_stream`` answers with server-sent events, a ``data:`` event per response and
+itself); where names clash, the first of these wins, as in Triton. ``/generate`` answers
+once, so a decoupled model must send exactly one response. ``/generate_stream`` answers with server-sent events, a ``data:`` event per response and
 an ``{"error": ...}`` event per failed one; its status is that of the first response. A
 request that fails before inference gets a JSON error, as every other route.
 """
@@ -124,8 +124,11 @@ def generate_response_json(response: InferResponse) -> convert.JsonObject:
         out["id"] = response.id
     out["model_name"] = response.model_name
     out["model_version"] = response.model_version
-    out.update(response.parameters)
+    for key, value in response.parameters.items():  # a name taken already keeps its value
+        out.setdefault(key, value)
     for output in response.outputs:
+        if output.name in out:
+            continue
         if output.data is None:
             raise errors.InternalError(f"output '{output.name}' has no data to put in JSON")
         values = convert.tensor_bytes_to_json(output.datatype, output.data)
