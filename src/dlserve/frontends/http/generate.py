@@ -9,8 +9,10 @@ a boolean), and so is each key of an optional ``"parameters"`` object, by the sa
 
 The response is one flat JSON object: ``model_name``, ``model_version``, the response's
 parameters, and each output as the list of its elements (one element: the element
-itself); where names clash, the first of these wins, as in Triton. ``/generate`` answers
-once, so a decoupled model must send exactly one response. ``/generate_stream`` answers with server-sent events, a ``data:`` event per response and
+itself); where names clash, the first of these wins, as in Triton.
+
+``/generate`` answers once, so a decoupled model must send exactly one response.
+``/generate_stream`` answers with server-sent events, a ``data:`` event per response and
 an ``{"error": ...}`` event per failed one; its status is that of the first response. A
 request that fails before inference gets a JSON error, as every other route.
 """
