@@ -7,14 +7,18 @@
 - responses sent from a thread of the model after execute returned;
 - a client that cancels its stream: the model sees ``is_cancelled()``;
 - ModelInfer over gRPC and HTTP infer refuse a decoupled model with Triton's messages;
-- a model that is not decoupled answers once over the stream.
+- a model that is not decoupled answers once over the stream;
+- decoupled requests go through the model's scheduler: one execute at a time per
+  instance, the others wait in the server's queue, whose limit refuses one more.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +36,7 @@ Results = queue.Queue[tuple[Any, Any]]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("decoupled_repo")
-    for name in ("repeat", "double"):
+    for name in ("repeat", "double", "gated_stream"):
         shutil.copytree(TEST_MODELS / name, repository / name)
     with run_server(repository) as running:
         yield running
@@ -175,3 +179,39 @@ def test_http_infer_refuses_a_decoupled_model(server: RunningServer) -> None:
     assert raised.value.message() == (
         "HTTP end point doesn't support models with decoupled transaction policy"
     )
+
+
+def test_decoupled_requests_wait_in_the_schedulers_queue(
+    stream: tuple[grpcclient.InferenceServerClient, Results], tmp_path: Path
+) -> None:
+    """gated_stream has one instance and a queue of one: while the first request executes,
+    the second waits in the server and a third is refused (UNAVAILABLE, Triton's message);
+    the second runs once the first's execute has returned."""
+    client, results = stream
+    fifos = {}
+    for request in "abc":
+        fifos[request] = (tmp_path / f"{request}_started", tmp_path / f"{request}_go")
+        for fifo in fifos[request]:
+            os.mkfifo(fifo)
+    for request in "abc":
+        control = grpcclient.InferInput("CONTROL", [2], "BYTES")
+        control.set_data_from_numpy(np.array([str(f).encode() for f in fifos[request]],
+                                             dtype=object))  # fmt: skip
+        client.async_stream_infer("gated_stream", [control], request_id=request)
+    started_a, go_a = fifos["a"]
+    with open(started_a) as fifo:
+        assert fifo.readline() == "started\n"  # a executes; b waits in the queue
+    result, error = results.get(timeout=DEADLINE_S)
+    assert result is None and error is not None
+    assert error.message() == "Exceeds maximum queue size"  # c: the queue holds one
+    with open(go_a, "w") as fifo:
+        fifo.write("go\n")
+    started_b, go_b = fifos["b"]
+    with open(started_b) as fifo:  # b runs once a's execute has returned
+        assert fifo.readline() == "started\n"
+    with open(go_b, "w") as fifo:
+        fifo.write("go\n")
+    received = [results.get(timeout=DEADLINE_S) for _ in range(2)]
+    assert [error for _, error in received] == [None, None]
+    answers = {r.get_response().id: int(r.as_numpy("OUTPUT0")[0]) for r, _ in received}
+    assert answers == {"a": 0, "b": 1}

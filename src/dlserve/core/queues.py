@@ -33,6 +33,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from dlserve import errors
 from dlserve.core.regions import RegionLease
 from dlserve.workers.client import WorkerBase, WorkerReply, WorkItem
+from dlserve.workers.streams import StreamSink
 
 QUEUE_FULL = "Exceeds maximum queue size"
 TIMEOUT_EXPIRED = "Request timeout expired"
@@ -120,11 +121,12 @@ class Job:
     level: int
     enqueued_ns: int
     deadline_ns: int  # 0: no timeout
-    future: asyncio.Future[WorkerReply]
+    future: asyncio.Future[WorkerReply | None]  # None: a decoupled request was sent
     lease: RegionLease | None = None
     keep: bool = False  # keep arena outputs in place (an ensemble step's, read by the next)
     delayed: bool = False  # timed out under DELAY: moved behind its level's others
     sent: tuple[WorkerBase, int] | None = None  # the worker and rid it went to
+    sink: StreamSink | None = None  # a decoupled request's: where its responses go
 
     @property
     def device(self) -> int | None:

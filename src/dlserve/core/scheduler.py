@@ -28,6 +28,7 @@ from dlserve.types import InputTensor, Parameters
 from dlserve.workers.client import Outcome, WorkerBase, WorkerReply, WorkItem
 from dlserve.workers.placement import NO_SPANS
 from dlserve.workers.pool import WorkerPool
+from dlserve.workers.streams import StreamSink
 
 log = logging.getLogger("dlserve.scheduler")
 
@@ -94,12 +95,26 @@ class Scheduler:
             lease.inputs if lease is not None else NO_SPANS,
             lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
         )  # fmt: skip
-        future: asyncio.Future[WorkerReply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[WorkerReply | None] = asyncio.get_running_loop().create_future()
         return Job(item, batch, level, now, deadline, future, lease, keep)
 
     async def run(self, job: Job) -> WorkerReply:
         """Queue ``job`` and wait for its reply. A caller that is cancelled (its client
         went away) takes its job out of the queue; a job already executing runs on."""
+        reply = await self._run(job)
+        assert reply is not None
+        return reply
+
+    async def run_stream(self, job: Job, sink: StreamSink) -> tuple[WorkerBase, int]:
+        """Queue a decoupled model's ``job`` and wait until it is sent: its responses go to
+        ``sink`` from then on, and the instance is busy until its ``execute`` returns. Where
+        it was sent (to cancel it)."""
+        job.sink = sink
+        await self._run(job)
+        assert job.sent is not None
+        return job.sent
+
+    async def _run(self, job: Job) -> WorkerReply | None:
         worker = None
         if self._direct and not len(self.queue):
             worker = self._free_worker(job.device)
@@ -216,16 +231,46 @@ class Scheduler:
                 job.lease.bind(worker)
                 if job.lease.device is not None:
                     self._count_crossings(worker, [job])
-        callbacks = [functools.partial(self._on_reply, execution, job) for job in live]
+        callbacks = [
+            functools.partial(self._on_reply if job.sink is None else self._on_stream_end,
+                              execution, job)
+            for job in live
+        ]  # fmt: skip
         try:
             rids = worker.submit([job.item for job in live], callbacks)
-            for job, rid in zip(live, rids, strict=True):
-                job.sent = (worker, rid)
         except errors.DlserveError as exc:
             for job in live:
                 _fail(job, exc)
             return
+        for job, rid in zip(live, rids, strict=True):
+            job.sent = (worker, rid)
+            if job.sink is not None:  # decoupled: its responses stream from now on
+                job.sink.on_free = functools.partial(self._on_free, execution)
+                worker.attach_stream(rid, job.sink)
+                job.future.set_result(None)
         self._busy.add(worker)
+
+    def _on_stream_end(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
+        """A decoupled request that ended without its final response: its worker died, or
+        it was cancelled before it started (then the worker answers it once)."""
+        assert job.sink is not None
+        if isinstance(outcome, tuple):
+            done = outcome[0]
+            code = errors.ErrorCode(done.error_code) if done.error_code else None
+            failure: errors.DlserveError = errors.ModelError(
+                done.error or "the request ended without a response",
+                code or errors.ErrorCode.INTERNAL,
+            )
+        else:
+            failure = outcome
+        job.sink.end(failure)
+
+    def _on_free(self, execution: _Execution) -> None:
+        """One of a decoupled execution's requests has returned from ``execute``."""
+        execution.remaining -= 1
+        if execution.remaining == 0:
+            self._busy.discard(execution.worker)
+            self.dispatch()
 
     def _on_reply(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
         worker = execution.worker

@@ -1,12 +1,14 @@
 """Requests over a stream (gRPC ModelStreamInfer, BLS into a decoupled model): one item per
-response. A decoupled model answers any number of times, through its worker's
-``infer_stream``; any other model once, through ``InferenceService.infer``.
+response. A decoupled model answers any number of times (its requests go through its
+scheduler, and its responses come as they are sent); any other model once, through
+``InferenceService.infer``.
 
 Also the types a BLS request brings through the core (:class:`Call`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator
@@ -16,8 +18,8 @@ from typing import TYPE_CHECKING, Final
 from dlserve import errors
 from dlserve.core.regions import RegionLease
 from dlserve.types import InferRequest, InferResponse, OutputTensor
-from dlserve.workers.client import WorkerReply, WorkItem
-from dlserve.workers.placement import NO_SPANS
+from dlserve.workers.client import WorkerReply
+from dlserve.workers.streams import StreamReply, StreamSink
 
 if TYPE_CHECKING:
     from dlserve.core.manager import ModelVersion
@@ -70,24 +72,26 @@ async def infer_stream(
 async def _run_decoupled(
     service: InferenceService, loaded: ModelVersion, request: InferRequest, call: Call
 ) -> AsyncGenerator[StreamItem, None]:
-    """A decoupled model's request goes to its least busy instance directly (not through
-    the scheduler's queue: no batching or priorities for decoupled models yet)."""
+    """A decoupled model's request, through its scheduler like any other (queue policies,
+    priorities, one ``execute`` at a time per instance); its responses as they come."""
     received = time.monotonic_ns()
     lease = call.lease if call.lease is not None else service.regions.lease(request)
     try:
-        inputs, _ = loaded.validator.check(request)
-        assert loaded.pool is not None
-        worker = loaded.pool.pick_on(None if lease is None else lease.device)
-        if lease is not None:
-            lease.bind(worker)
-        item = WorkItem(request.id, inputs, [o.name for o in request.outputs],
-                        request.parameters, lease.inputs if lease else NO_SPANS,
-                        lease.outputs if lease else NO_SPANS, list(call.chain),
-                        call.lend)  # fmt: skip
-        responses = worker.infer_stream(item)
-        async with contextlib.aclosing(responses):
-            async for each in responses:
-                if each.final and each.timings is not None:
+        inputs, batch = loaded.validator.check(request)
+        assert loaded.scheduler is not None
+        job = loaded.scheduler.job(
+            request.id, inputs, [o.name for o in request.outputs], request.parameters, batch,
+            lease, chain=list(call.chain), lend=call.lend,
+        )  # fmt: skip
+        replies: asyncio.Queue[StreamReply] = asyncio.Queue()
+        sink = StreamSink(replies.put_nowait, call.lend)
+        worker, rid = await loaded.scheduler.run_stream(job, sink)
+        final = False
+        try:
+            while not final:
+                each = await replies.get()
+                final = each.final
+                if final and each.timings is not None:
                     service._record(loaded, WorkerReply([], each.timings), 1, received)
                 response = None
                 if each.reply is not None:
@@ -96,6 +100,10 @@ async def _run_decoupled(
                         reply_outputs(loaded, each.reply), dict(each.reply.parameters),
                     )  # fmt: skip
                 yield StreamItem(response, each.error, each.final, str(loaded.version))
+        finally:
+            if not final:  # the consumer left: the model sees is_cancelled()
+                sink.abandoned = True
+                worker.cancel(rid)
     except errors.DlserveError as exc:
         reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
         loaded.stats.record_failure(time.monotonic_ns() - received, reason)

@@ -204,7 +204,8 @@ class InferDone(_Msg, tag=103):
 class StreamResponse(_Msg, tag=104):
     """One response of a decoupled model's request; ``final`` ends the request.
 
-    ``has_response`` is False for a bare final flag (``send(flags=FINAL)``).
+    ``has_response`` is False for a bare final flag (``send(flags=FINAL)``), and for the
+    ``executed`` notice.
     """
 
     rid: int
@@ -215,6 +216,9 @@ class StreamResponse(_Msg, tag=104):
     has_response: bool = True
     timings: Timings | None = None  # with the final flag
     parameters: dict[str, ParamValue] = {}
+    # no response: the request's execute() has returned, so the instance is free for the
+    # next one (responses sent from the model's threads may still follow)
+    executed: bool = False
 
 
 class BlsCall(_Msg, tag=105):

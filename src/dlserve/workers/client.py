@@ -24,7 +24,7 @@ from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
 from dlserve.workers.lending import ArenaLending
 from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
-from dlserve.workers.streams import DecoupledStreams
+from dlserve.workers.streams import DecoupledStreams, StreamSink
 
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
@@ -66,7 +66,7 @@ ReplyCallback = Callable[[Outcome], None]
 class _Pending:
     callback: ReplyCallback
     arena_offsets: list[int]
-    stream: Callable[[m.StreamResponse, memoryview], None] | None = None  # decoupled
+    stream: StreamSink | None = None  # decoupled: where its responses go
 
 
 class CallSink(Protocol):
@@ -241,10 +241,6 @@ class WorkerBase(ArenaLending, DecoupledStreams):
             self._control = None
 
     # -- inference ----------------------------------------------------------------------
-    @property
-    def inflight(self) -> int:
-        return len(self._pending)
-
     @property
     def alive(self) -> bool:
         return self._channel is not None

@@ -1,7 +1,9 @@
 """Decoupled models: ``execute`` returns None and responses leave through the sender.
 
 Each response is a StreamResponse frame, sent from whichever thread of the model calls
-``send()``; the one with the final flag ends the request and carries its timings.
+``send()``; the one with the final flag ends the request and carries its timings. When
+``execute`` returns, an ``executed`` notice tells the server's scheduler that the instance
+can take the next request.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ def decoupled_request(
     """Run one request of a decoupled model: execute returns None and the responses go out
     through the request's sender, as StreamResponse frames, from any thread of the model.
     A failure before the final flag is sent as an error response with the final flag."""
+    try:
+        _execute(runner, worker, msg, payload, start)
+    finally:  # the instance is free for the next request; responses may go on
+        worker.send(m.StreamResponse(rid=msg.rid, has_response=False, executed=True))
+
+
+def _execute(
+    runner: ModelRunner, worker: link.WorkerLink, msg: Item, payload: memoryview, start: int
+) -> None:
     stream = _Stream(runner, worker, msg, start)
     try:
         request = runner._request(msg, payload)

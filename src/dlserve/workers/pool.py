@@ -1,4 +1,5 @@
-"""The instances of one model version: start, pick one per request, restart the dead."""
+"""The instances of one model version: start them, say which are live and on which GPU,
+restart the dead (the scheduler picks the instance for each request)."""
 
 from __future__ import annotations
 
@@ -128,22 +129,6 @@ class WorkerPool:
         """The instances that can take work now."""
         return [w for w in self.workers if w is not None and w.alive]
 
-    def pick(self) -> WorkerBase:
-        """The live instance with the fewest requests in flight."""
-        best: WorkerBase | None = None
-        for worker in self.workers:
-            if (
-                worker is not None
-                and worker.alive
-                and (best is None or worker.inflight < best.inflight)
-            ):
-                best = worker
-        if best is None:
-            raise errors.UnavailableError(
-                f"no instance of model '{self.template.model_name}' is available (restarting)"
-            )
-        return best
-
     def on_device(self, device: int) -> list[WorkerBase]:
         """The live instances on GPU ``device``."""
         return [
@@ -159,14 +144,6 @@ class WorkerPool:
             if one is worker:
                 return spec.device_id if spec.kind == "GPU" else None
         return None
-
-    def pick_on(self, device: int | None) -> WorkerBase:
-        """The least busy live instance on GPU ``device`` if the model has one there, else
-        the least busy of all."""
-        candidates = self.on_device(device) if device is not None else []
-        if not candidates:
-            return self.pick()
-        return min(candidates, key=lambda worker: worker.inflight)
 
     async def stop(self, timeout: float) -> None:
         self._stopping = True

@@ -1,11 +1,10 @@
 """A decoupled model's requests as the server sees them (mixed into ``WorkerBase``): any
-number of StreamResponse frames per request, the last one final; and Cancel frames for
-requests whose client went away."""
+number of StreamResponse frames per request, the last one final, and the notice that its
+``execute`` returned; and Cancel frames for requests whose client went away."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,7 +14,7 @@ from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena
 
 if TYPE_CHECKING:
-    from dlserve.workers.client import Outcome, ReplyCallback, WorkerReply, WorkItem, _Pending
+    from dlserve.workers.client import WorkerReply, _Pending
 
 
 @dataclass(slots=True)
@@ -28,15 +27,38 @@ class StreamReply:
     timings: m.Timings | None = None  # with the final one
 
 
+@dataclass(slots=True)
+class StreamSink:
+    """Where one decoupled request's responses go (its consumer), and who hears that its
+    instance is free again: when ``execute`` has returned, or at the final response or the
+    worker's death if those come first (once)."""
+
+    put: Callable[[StreamReply], None]
+    lend: bool = False  # BLS: GPU and arena outputs stay lent to the caller
+    on_free: Callable[[], None] | None = None
+    abandoned: bool = False  # the consumer left: responses still coming are dropped
+    freed: bool = False
+
+    def free(self) -> None:
+        if not self.freed:
+            self.freed = True
+            if self.on_free is not None:
+                self.on_free()
+
+    def end(self, error: errors.DlserveError) -> None:
+        """The request is over without its final response (it failed where it waited, or
+        its worker died)."""
+        if not self.abandoned:
+            self.put(StreamReply(None, error, True))
+        self.free()
+
+
 class DecoupledStreams:
     """Mixed into WorkerBase, which provides these."""
 
     _channel: AsyncChannel[m.WorkerToServer] | None
     _pending: dict[int, _Pending]
     input_arena: Arena
-
-    def submit(self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback]) -> list[int]:
-        raise NotImplementedError
 
     def read_reply(
         self, done: m.InferDone, payload: memoryview, *, keep: bool = False, lend: bool = False
@@ -46,47 +68,30 @@ class DecoupledStreams:
     def release_outputs(self, offsets: list[int]) -> None:
         raise NotImplementedError
 
+    def attach_stream(self, rid: int, sink: StreamSink) -> None:
+        """Request ``rid`` (just submitted) is decoupled: its StreamResponses go to ``sink``."""
+        pending = self._pending.get(rid)
+        if pending is not None:
+            pending.stream = sink
+
     def _on_stream_response(self, msg: m.StreamResponse, payload: memoryview) -> None:
         pending = self._pending.get(msg.rid)
         if pending is None or pending.stream is None:
+            return
+        sink = pending.stream
+        if msg.executed:
+            sink.free()
             return
         if msg.final:
             del self._pending[msg.rid]
             for offset in pending.arena_offsets:  # the model may read its inputs until now
                 self.input_arena.free(offset)
-        pending.stream(msg, payload)
-
-    async def infer_stream(self, item: WorkItem) -> AsyncGenerator[StreamReply, None]:
-        """Run one request of a decoupled model: its responses as they come, the last one
-        final. Leaving early (the client went away) tells the model: ``is_cancelled()``;
-        responses still coming are dropped (their arena space goes back)."""
-        queue: asyncio.Queue[StreamReply] = asyncio.Queue()
-        abandoned = False
-
-        def on_response(frame: m.StreamResponse, payload: memoryview) -> None:
-            if abandoned:
-                self.release_outputs(
-                    [r.offset for r in frame.outputs if r.where == m.Where.OUTPUT_ARENA]
-                )
-                return
-            queue.put_nowait(self._stream_reply(frame, payload, item.lend))
-
-        def on_death(outcome: Outcome) -> None:  # a stream ends with StreamResponses only
-            if isinstance(outcome, errors.DlserveError):
-                queue.put_nowait(StreamReply(None, outcome, True))
-
-        (rid,) = self.submit([item], [on_death])
-        self._pending[rid].stream = on_response
-        final = False
-        try:
-            while not final:
-                reply = await queue.get()
-                final = reply.final
-                yield reply
-        finally:
-            if not final:
-                abandoned = True
-                self.cancel(rid)
+        if sink.abandoned:
+            self.release_outputs([r.offset for r in msg.outputs if r.where == m.Where.OUTPUT_ARENA])
+        else:
+            sink.put(self._stream_reply(msg, payload, sink.lend))
+        if msg.final:
+            sink.free()
 
     def _stream_reply(
         self, frame: m.StreamResponse, payload: memoryview, lend: bool
