@@ -9,7 +9,8 @@
 - ModelInfer over gRPC and HTTP infer refuse a decoupled model with Triton's messages;
 - a model that is not decoupled answers once over the stream;
 - decoupled requests go through the model's scheduler: one execute at a time per
-  instance, the others wait in the server's queue, whose limit refuses one more.
+  instance, the others wait in the server's queue, whose limit refuses one more; the
+  requests the dynamic batcher gathers come to one execute.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ Results = queue.Queue[tuple[Any, Any]]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = tmp_path_factory.mktemp("decoupled_repo")
-    for name in ("repeat", "double", "gated_stream"):
+    for name in ("repeat", "double", "gated_stream", "batched_stream"):
         shutil.copytree(TEST_MODELS / name, repository / name)
     with run_server(repository) as running:
         yield running
@@ -215,3 +216,27 @@ def test_decoupled_requests_wait_in_the_schedulers_queue(
     assert [error for _, error in received] == [None, None]
     answers = {r.get_response().id: int(r.as_numpy("OUTPUT0")[0]) for r, _ in received}
     assert answers == {"a": 0, "b": 1}
+
+
+def test_the_batcher_gathers_decoupled_requests_into_one_execute(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    """batched_stream's batcher sends its batch when 4 requests wait: the 4 come to one
+    execute(), each gets its own response through its own sender, and the statistics
+    count executions of 4."""
+    client, results = stream
+    for batch in ("abcd", "wxyz"):
+        for request in batch:
+            tensor = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+            client.async_stream_infer("batched_stream", [tensor], request_id=request)
+        received = [results.get(timeout=DEADLINE_S) for _ in range(4)]
+        assert [error for _, error in received] == [None] * 4
+        assert sorted(r.get_response().id for r, _ in received) == sorted(batch)
+        assert [int(r.as_numpy("BATCH")[0, 0]) for r, _ in received] == [4] * 4
+    # counted as Triton counts them: 8 inferences in executions of 4 (the second
+    # execution's count may still be on its way; the first's came before the second batch)
+    stats = client.get_inference_statistics("batched_stream").model_stats[0]
+    assert stats.inference_count == 8
+    assert stats.execution_count in (1, 2)
+    assert [b.batch_size for b in stats.batch_stats] == [4]

@@ -24,6 +24,7 @@ from dlserve import errors
 from dlserve.core.queues import TIMEOUT_EXPIRED, BatchPolicy, Job, JobQueue
 from dlserve.core.regions import RegionLease
 from dlserve.core.stats import ModelStats
+from dlserve.ipc import messages as m
 from dlserve.types import InputTensor, Parameters
 from dlserve.workers.client import Outcome, WorkerBase, WorkerReply, WorkItem
 from dlserve.workers.placement import NO_SPANS
@@ -246,6 +247,7 @@ class Scheduler:
             job.sent = (worker, rid)
             if job.sink is not None:  # decoupled: its responses stream from now on
                 job.sink.on_free = functools.partial(self._on_free, execution)
+                job.sink.on_executed = functools.partial(self._record_execution, execution)
                 worker.attach_stream(rid, job.sink)
                 job.future.set_result(None)
         self._busy.add(worker)
@@ -266,7 +268,8 @@ class Scheduler:
         job.sink.end(failure)
 
     def _on_free(self, execution: _Execution) -> None:
-        """One of a decoupled execution's requests has returned from ``execute``."""
+        """One of a decoupled execution's requests is done with its instance: ``execute``
+        returned, or the request ended first."""
         execution.remaining -= 1
         if execution.remaining == 0:
             self._busy.discard(execution.worker)
@@ -275,7 +278,8 @@ class Scheduler:
     def _on_reply(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
         worker = execution.worker
         if isinstance(outcome, tuple):
-            self._record_execution(execution, outcome)
+            if outcome[0].timings is not None:
+                self._record_execution(execution, outcome[0].timings)
             if job.future.done():  # its client went away meanwhile
                 worker.discard(outcome)
             else:
@@ -291,9 +295,8 @@ class Scheduler:
             self._busy.discard(worker)
             self.dispatch()
 
-    def _record_execution(self, execution: _Execution, outcome: tuple[Any, memoryview]) -> None:
-        t = outcome[0].timings
-        if execution.recorded or t is None:
+    def _record_execution(self, execution: _Execution, t: m.Timings) -> None:
+        if execution.recorded:
             return
         execution.recorded = True
         self.stats.record_execution(

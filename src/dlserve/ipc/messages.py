@@ -214,7 +214,7 @@ class StreamResponse(_Msg, tag=104):
     error_code: str = ""
     final: bool = False
     has_response: bool = True
-    timings: Timings | None = None  # with the final flag
+    timings: Timings | None = None  # with the final flag, and with the executed notice
     parameters: dict[str, ParamValue] = {}
     # no response: the request's execute() has returned, so the instance is free for the
     # next one (responses sent from the model's threads may still follow)

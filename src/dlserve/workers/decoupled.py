@@ -9,6 +9,7 @@ can take the next request.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dlserve import backend as pb_utils
@@ -20,46 +21,73 @@ if TYPE_CHECKING:
     from dlserve.workers.runner import Item, ModelRunner
 
 
-def decoupled_request(
-    runner: ModelRunner, worker: link.WorkerLink, msg: Item, payload: memoryview, start: int
+def decoupled_execute(
+    runner: ModelRunner,
+    worker: link.WorkerLink,
+    items: Sequence[Item],
+    payload: memoryview,
+    start: int,
 ) -> None:
-    """Run one request of a decoupled model: execute returns None and the responses go out
-    through the request's sender, as StreamResponse frames, from any thread of the model.
-    A failure before the final flag is sent as an error response with the final flag."""
+    """One ``execute`` of a decoupled model for ``items`` (the requests the scheduler
+    gathered, one or several): it returns None and each request's responses go out through
+    its sender, as StreamResponse frames, from any thread of the model. A request that
+    fails before the model sees it, or whose final flag has not been sent when ``execute``
+    raises, gets an error response with the final flag. Each request's ``executed`` notice
+    follows once ``execute`` has returned."""
+    infer_start = infer_end = 0
     try:
-        _execute(runner, worker, msg, payload, start)
-    finally:  # the instance is free for the next request; responses may go on
-        worker.send(m.StreamResponse(rid=msg.rid, has_response=False, executed=True))
+        streams: list[_Stream] = []
+        requests: list[pb_utils.InferenceRequest] = []
+        for item in items:
+            stream = _Stream(runner, worker, item, start)
+            try:
+                request = runner._request(item, payload)
+            except BaseException as exc:  # this request alone fails
+                stream.fail(exc)
+                continue
+            stream.sender = pb_utils.InferenceResponseSender(request, stream.emit)
+            request._sender = stream.sender
+            request._poll = worker.poll
+            runner._live[item.rid] = request
+            streams.append(stream)
+            requests.append(request)
+        if requests:
+            infer_start, infer_end = _execute(runner, streams, requests)
+    finally:  # the instance is free for the next requests; responses may go on
+        now = time.monotonic_ns()
+        timings = m.Timings(start, infer_start or now, infer_end or now, now)
+        for item in items:
+            worker.send(m.StreamResponse(rid=item.rid, has_response=False, executed=True,
+                                         timings=timings))  # fmt: skip
 
 
 def _execute(
-    runner: ModelRunner, worker: link.WorkerLink, msg: Item, payload: memoryview, start: int
-) -> None:
-    stream = _Stream(runner, worker, msg, start)
+    runner: ModelRunner, streams: list[_Stream], requests: list[pb_utils.InferenceRequest]
+) -> tuple[int, int]:
+    """Call execute once for ``requests``: when it started and when it returned."""
+    infer_start = time.monotonic_ns()
+    for stream in streams:
+        stream.infer_start = infer_start
     try:
-        request = runner._request(msg, payload)
-    except BaseException as exc:
-        stream.fail(exc)
-        return
-    sender = pb_utils.InferenceResponseSender(request, stream.emit)
-    request._sender = sender
-    request._poll = worker.poll
-    runner._live[msg.rid] = request
-    stream.infer_start = time.monotonic_ns()
-    try:
-        result = runner._call(runner.model.execute, [request])
+        result = runner._call(runner.model.execute, requests)
         if result is not None:
             raise TritonModelException(
                 f"Python model '{runner.load.model_name}' is using the decoupled mode and the "
                 "execute function must return None."
             )
-    except BaseException as exc:
-        stream.infer_end = time.monotonic_ns()
-        if not sender.closed:
-            sender._closed = True
-            stream.fail(exc)
-        return
-    stream.infer_end = time.monotonic_ns()
+    except BaseException as exc:  # every request whose final flag is not out fails
+        infer_end = time.monotonic_ns()
+        for stream in streams:
+            stream.infer_end = infer_end
+            sender = stream.sender
+            if sender is not None and not sender.closed:
+                sender._closed = True
+                stream.fail(exc)
+        return infer_start, infer_end
+    infer_end = time.monotonic_ns()
+    for stream in streams:
+        stream.infer_end = infer_end
+    return infer_start, infer_end
 
 
 class _Stream:
@@ -72,6 +100,7 @@ class _Stream:
         self.start = start
         self.infer_start = start
         self.infer_end = 0
+        self.sender: pb_utils.InferenceResponseSender | None = None
 
     def emit(self, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -34,7 +34,7 @@ from dlserve.tensors.shm import Arena, ShmSegment, buffer_address
 from dlserve.workers import gpu_bls, gpu_io
 from dlserve.workers.bls_memory import SharedMemoryForBls
 from dlserve.workers.cancellation import Cancellation, upstream
-from dlserve.workers.decoupled import decoupled_request
+from dlserve.workers.decoupled import decoupled_execute
 from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
@@ -189,8 +189,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
 
         As Triton's Python backend does, the model gets one InferenceRequest per item
         (nothing is concatenated) and must return one response per request. A decoupled
-        model's requests answer through their response senders (no reply here), one
-        ``execute`` each. A request cancelled while it waited is not run.
+        model's requests answer through their response senders (no reply here). A request
+        cancelled while it waited is not run.
         """
         timings_start = time.monotonic_ns()
         if release:
@@ -201,8 +201,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
             worker.upstream = upstream(items)
         if self.decoupled:
             assert worker is not None, "a decoupled model needs the worker's link"
-            for item in items:
-                decoupled_request(self, worker, item, payload, timings_start)
+            decoupled_execute(self, worker, items, payload, timings_start)
             return cancelled
         replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
         requests: list[pb_utils.InferenceRequest] = []

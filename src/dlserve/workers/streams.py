@@ -31,13 +31,16 @@ class StreamReply:
 class StreamSink:
     """Where one decoupled request's responses go (its consumer), and who hears that its
     instance is free again: when ``execute`` has returned, or at the final response or the
-    worker's death if those come first (once)."""
+    worker's death if those come first (once); and the timings of its ``execute``."""
 
     put: Callable[[StreamReply], None]
     lend: bool = False  # BLS: GPU and arena outputs stay lent to the caller
     on_free: Callable[[], None] | None = None
+    on_executed: Callable[[m.Timings], None] | None = None
     abandoned: bool = False  # the consumer left: responses still coming are dropped
     freed: bool = False
+    finished: bool = False  # the final response has come
+    executed: bool = False  # the executed notice has come
 
     def free(self) -> None:
         if not self.freed:
@@ -48,7 +51,7 @@ class StreamSink:
     def end(self, error: errors.DlserveError) -> None:
         """The request is over without its final response (it failed where it waited, or
         its worker died)."""
-        if not self.abandoned:
+        if not (self.abandoned or self.finished):
             self.put(StreamReply(None, error, True))
         self.free()
 
@@ -75,17 +78,27 @@ class DecoupledStreams:
             pending.stream = sink
 
     def _on_stream_response(self, msg: m.StreamResponse, payload: memoryview) -> None:
+        """A response, or the executed notice; the request is forgotten once it has had
+        both its final response and the notice (either may come first)."""
         pending = self._pending.get(msg.rid)
         if pending is None or pending.stream is None:
             return
         sink = pending.stream
         if msg.executed:
+            sink.executed = True
+            if sink.finished:
+                del self._pending[msg.rid]
+            if msg.timings is not None and sink.on_executed is not None:
+                sink.on_executed(msg.timings)
             sink.free()
             return
         if msg.final:
-            del self._pending[msg.rid]
+            sink.finished = True
+            if sink.executed:
+                del self._pending[msg.rid]
             for offset in pending.arena_offsets:  # the model may read its inputs until now
                 self.input_arena.free(offset)
+            pending.arena_offsets = []
         if sink.abandoned:
             self.release_outputs([r.offset for r in msg.outputs if r.where == m.Where.OUTPUT_ARENA])
         else:
