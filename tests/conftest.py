@@ -72,9 +72,10 @@ def _read_ready(process: subprocess.Popen[bytes], read_fd: int, deadline: float)
 
 @contextlib.contextmanager
 def run_server(
-    repository: Path, *extra: str, env: dict[str, str] | None = None
+    repository: Path, *extra: str, env: dict[str, str] | None = None, new_session: bool = False
 ) -> Iterator[RunningServer]:
-    """Start dlserve on free ports; ready when it says so on the ready pipe."""
+    """Start dlserve on free ports; ready when it says so on the ready pipe.
+    ``new_session``: in a process group of its own (a test may signal the whole group)."""
     read_fd, write_fd = os.pipe()
     command = [
         sys.executable,
@@ -93,7 +94,8 @@ def run_server(
         str(write_fd),
         *extra,
     ]
-    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, pass_fds=(write_fd,))
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, pass_fds=(write_fd,),
+                               start_new_session=new_session)  # fmt: skip
     os.close(write_fd)
     try:
         ports = _read_ready(process, read_fd, time.monotonic() + STARTUP_DEADLINE_S)

@@ -1,7 +1,8 @@
 """Shutdown and crash behaviour of the whole server process.
 
 - SIGTERM while a request is in flight: the request completes, workers exit, the
-  server exits 0, and nothing of the server is left in /dev/shm.
+  server exits 0, and nothing of the server is left in /dev/shm; the same when SIGTERM
+  goes to the whole process group (as systemd and ``timeout`` send it).
 - SIGKILL of the server: its workers die with it (no orphans).
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import TEST_MODELS, run_server, stop_server
@@ -30,11 +32,13 @@ def _slow_request(fifo: Path) -> list[grpcclient.InferInput]:
     return inputs
 
 
-def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_the_group", [False, True], ids=["server", "process-group"])
+def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path, to_the_group: bool) -> None:
     before = _shm_names()
     fifo = tmp_path / "started"
     os.mkfifo(fifo)
-    with run_server(TEST_MODELS, "--model-control-mode", "explicit", "--load-model", "slow") as s:
+    extra = ("--model-control-mode", "explicit", "--load-model", "slow")
+    with run_server(TEST_MODELS, *extra, new_session=to_the_group) as s:
         workers = psutil.Process(s.process.pid).children(recursive=True)
         assert workers, "the slow model's worker should be running"
         client = grpcclient.InferenceServerClient(s.grpc_url)
@@ -44,7 +48,10 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
         )
         with open(fifo) as started:  # blocks until execute has begun
             assert started.readline() == "started\n"
-        s.process.send_signal(signal.SIGTERM)
+        if to_the_group:  # the workers get it too: they must leave stopping to the server
+            os.killpg(s.process.pid, signal.SIGTERM)
+        else:
+            s.process.send_signal(signal.SIGTERM)
         result = results.get(timeout=30)
         assert isinstance(result, grpcclient.InferResult), result
         assert result.as_numpy("OUTPUT0")[0] == str(fifo).encode()

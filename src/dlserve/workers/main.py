@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy-poll-us", type=int, default=0)
     args = parser.parse_args(argv)
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
+    # The server decides when we stop: Ctrl-C in a terminal, systemd and `timeout` signal
+    # the whole process group, and the requests in flight must still finish. A worker
+    # whose server dies gets SIGKILL (_die_with_parent).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     install_pb_utils()
     sock = socket.socket(fileno=args.fd)
     spin_ns = args.busy_poll_us * 1000
