@@ -72,9 +72,12 @@ class MpsDaemon:
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"),
                "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}  # fmt: skip
         with open(folder / "log" / "daemon.out", "wb") as out:
+            # a session of its own: Ctrl-C or a SIGTERM to the server's process group must
+            # not stop it while the server still finishes the requests in flight
             process = subprocess.Popen(
                 [sys.executable, "-c", _SHIM, control, "-f"], env=env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )  # fmt: skip
         daemon = cls(control, folder, process)
         deadline = time.monotonic() + READY_TIMEOUT_S
