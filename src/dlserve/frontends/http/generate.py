@@ -208,25 +208,34 @@ class GenerateEndpoint:
     async def _stream(self, request: InferRequest, send: Send) -> None:
         """One event per response; the status is the first response's."""
         started = False
-        items = self.service.infer_stream(request)
-        async with contextlib.aclosing(items):
-            async for item in items:
-                if item.error is not None:
-                    event, status = {"error": item.error.message}, FAILED
-                elif item.response is not None:
-                    try:
-                        event, status = generate_response_json(item.response), 200
-                    except errors.DlserveError as exc:
-                        event, status = {"error": exc.message}, FAILED
-                else:
-                    continue  # a bare final flag: nothing to send
-                if not started:
-                    started = True
-                    start = {"type": "http.response.start", "status": status,
-                             "headers": [_EVENTS]}  # fmt: skip
-                    await send(start)
-                await send({"type": "http.response.body", "body": _event(event),
-                            "more_body": True})  # fmt: skip
+
+        async def event(value: convert.JsonObject, status: int) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                start = {"type": "http.response.start", "status": status,
+                         "headers": [_EVENTS]}  # fmt: skip
+                await send(start)
+            await send({"type": "http.response.body", "body": _event(value),
+                        "more_body": True})  # fmt: skip
+
+        try:
+            items = self.service.infer_stream(request)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    if item.error is not None:
+                        await event({"error": item.error.message}, FAILED)
+                    elif item.response is not None:
+                        try:
+                            body = generate_response_json(item.response)
+                        except errors.DlserveError as exc:
+                            await event({"error": exc.message}, FAILED)
+                        else:
+                            await event(body, 200)
+                    # else: a bare final flag, nothing to send
+        except Exception as exc:  # a bug: the stream ends with it, the server goes on
+            log.exception("generate_stream on model '%s' failed", request.model_name)
+            await event({"error": f"internal error: {exc!r}"}, 500)
         if not started:  # no response at all
             await send({"type": "http.response.start", "status": 200, "headers": [_EVENTS]})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
