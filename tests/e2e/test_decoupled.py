@@ -10,7 +10,9 @@
 - a model that is not decoupled answers once over the stream;
 - decoupled requests go through the model's scheduler: one execute at a time per
   instance, the others wait in the server's queue, whose limit refuses one more; the
-  requests the dynamic batcher gathers come to one execute.
+  requests the dynamic batcher gathers come to one execute;
+- a worker that dies in the middle of a stream ends it with an error; the instance comes
+  back and serves the next request.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,3 +243,22 @@ def test_the_batcher_gathers_decoupled_requests_into_one_execute(
     assert stats.inference_count == 8
     assert stats.execution_count in (1, 2)
     assert [b.batch_size for b in stats.batch_stats] == [4]
+
+
+def test_a_worker_that_dies_mid_stream_ends_it_and_comes_back(
+    stream: tuple[grpcclient.InferenceServerClient, Results],
+) -> None:
+    client, results = stream
+    client.async_stream_infer("repeat", count(3), request_id="c", parameters={"crash_at": 1})
+    first, error = results.get(timeout=DEADLINE_S)
+    assert error is None and int(first.as_numpy("INDEX")[0]) == 0
+    _, error = results.get(timeout=DEADLINE_S)
+    assert error is not None
+    assert "model instance 'repeat_0_0' exited unexpectedly (exit code 1)" in error.message()
+    deadline = time.monotonic() + DEADLINE_S
+    while not client.is_model_ready("repeat"):  # a restart takes as long as it takes
+        assert time.monotonic() < deadline, "repeat not ready again"
+    client.async_stream_infer("repeat", count(2), request_id="after")  # its instance is free
+    received = [results.get(timeout=DEADLINE_S) for _ in range(2)]
+    assert [error for _, error in received] == [None, None]
+    assert [int(r.as_numpy("INDEX")[0]) for r, _ in received] == [0, 1]

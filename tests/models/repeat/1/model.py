@@ -1,6 +1,7 @@
 """repeat: a decoupled model (see config.pbtxt for what each parameter does)."""
 
 import json
+import os
 import threading
 import time
 
@@ -38,6 +39,8 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
         for index in range(count):
+            if index == params.get("crash_at"):
+                os._exit(1)  # the worker dies in the middle of the stream
             if index == params.get("fail_at"):
                 error = pb_utils.TritonError(f"repeat: response {index} failed on purpose")
                 sender.send(pb_utils.InferenceResponse(error=error))
