@@ -249,6 +249,14 @@ def test_model_control_from_a_model(test_server: RunningServer) -> None:
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [2, 2])
 
 
+def test_a_model_loads_another_from_files_it_sends(test_server: RunningServer) -> None:
+    """pb_utils.load_model(name, config=..., files={"file:1/model.py": ...})."""
+    with grpcclient.InferenceServerClient(test_server.grpc_url) as explicit:
+        result = pipeline(explicit, "sent", np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [0, 1, 0])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [3, 6])
+
+
 def test_model_control_needs_explicit_mode(client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match="explicit model load / unload"):
         pipeline(client, "reload", np.ones(2))

@@ -6,6 +6,7 @@ import json
 import queue
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -421,14 +422,91 @@ def test_load_with_config_override(explicit_client: grpcclient.InferenceServerCl
     check_add_sub(explicit_client)
 
 
-def test_load_rejects_files_and_bad_parameters(
+SENT_MODEL = """
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(folder, "factor.txt")) as f:
+            self.factor = float(f.read())
+        self.folder = args["model_repository"]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            folder = np.array([self.folder.encode()], dtype=object)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", (x * self.factor).astype(np.float32)),
+                pb_utils.Tensor("FOLDER", folder),
+            ]))
+        return responses
+"""
+
+
+def sent_config(name: str) -> str:
+    return json.dumps({
+        "name": name, "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
+                   {"name": "FOLDER", "data_type": "TYPE_STRING", "dims": [1]}],
+    })  # fmt: skip
+
+
+def sent_files(factor: int) -> dict[str, bytes]:
+    return {"file:1/model.py": SENT_MODEL.encode(), "file:1/factor.txt": str(factor).encode()}
+
+
+def infer_sent(client: grpcclient.InferenceServerClient, name: str) -> tuple[Any, Path]:
+    tensor = grpcclient.InferInput("INPUT0", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+    result = client.infer(name, [tensor])
+    return result.as_numpy("OUTPUT0").tolist(), Path(result.as_numpy("FOLDER")[0].decode())
+
+
+def test_load_a_model_from_files_sent_with_the_request(
+    explicit_client: grpcclient.InferenceServerClient,
+) -> None:
+    """tritonclient's load_model(config=..., files=...): the files form the model's folder
+    (a model the repository does not have); loaded again with other files, it serves those
+    and the old folder is gone; unloaded, nothing is left."""
+    explicit_client.load_model("sent", config=sent_config("sent"), files=sent_files(3))
+    output, folder = infer_sent(explicit_client, "sent")
+    assert output == [3.0, 6.0] and (folder / "1" / "factor.txt").read_text() == "3"
+    explicit_client.load_model("sent", config=sent_config("sent"), files=sent_files(5))
+    output, second = infer_sent(explicit_client, "sent")
+    assert output == [5.0, 10.0] and second != folder and not folder.exists()
+    explicit_client.unload_model("sent")
+    assert not second.exists()
+
+
+def test_sent_files_stand_in_for_a_repository_model_until_it_is_loaded_again(
+    explicit_client: grpcclient.InferenceServerClient,
+) -> None:
+    explicit_client.load_model("add_sub", config=sent_config("add_sub"), files=sent_files(2))
+    output, folder = infer_sent(explicit_client, "add_sub")
+    assert output == [2.0, 4.0]
+    explicit_client.load_model("add_sub")  # from the repository again, which was not touched
+    check_add_sub(explicit_client)
+    assert not folder.exists()
+
+
+def test_load_rejects_bad_files_and_parameters(
     explicit_client: grpcclient.InferenceServerClient, explicit_server: RunningServer
 ) -> None:
-    message = raises_status(
-        "UNIMPLEMENTED", explicit_client.load_model, "add_sub",
-        config="{}", files={"file:1/model.py": b"print('hi')"},
-    )  # fmt: skip
-    assert "file:1/model.py" in message
+    message = raises_status("INVALID_ARGUMENT", explicit_client.load_model, "sent",
+                            files=sent_files(3))  # fmt: skip
+    assert "a load request that sends the model's files must also send its 'config'" in message
+    for bad in ("file:../model.py", "file:/etc/model.py", "file:"):
+        message = raises_status("INVALID_ARGUMENT", explicit_client.load_model, "sent",
+                                config=sent_config("sent"), files={bad: b"x"})  # fmt: skip
+        assert f"invalid model file '{bad}'" in message
     request = service_pb2.RepositoryModelLoadRequest(model_name="add_sub")
     request.parameters["config"].bool_param = True
     with grpc.insecure_channel(explicit_server.grpc_url) as channel:

@@ -350,11 +350,57 @@ def test_load_unload_and_load_with_config(explicit_server: RunningServer) -> Non
     assert client.is_model_ready("add_sub")
 
 
+PLUS_ONE = b"""
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() + 1
+            )])
+            for r in requests
+        ]
+"""
+
+
+def test_load_a_model_from_files(explicit_server: RunningServer) -> None:
+    """tritonclient.http's load_model(config=..., files=...): the files travel base64-encoded
+    and form the model's folder."""
+    config = json.dumps({
+        "name": "plus_one", "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    })  # fmt: skip
+    client = httpclient.InferenceServerClient(explicit_server.http_url)
+    try:
+        client.load_model("plus_one", config=config, files={"file:1/model.py": PLUS_ONE})
+        tensor = httpclient.InferInput("INPUT0", [3], "FP32")
+        tensor.set_data_from_numpy(np.array([1, 2, 3], dtype=np.float32))
+        result = client.infer("plus_one", [tensor])
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0, 3.0, 4.0]
+        client.unload_model("plus_one")
+        assert not client.is_model_ready("plus_one")
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
         (b'{"parameters": {"config": 5}}', 400, "Unable to parse 'config'"),
-        (b'{"parameters": {"file:1/model.py": "eA=="}}', 501, "not supported"),
+        (b'{"parameters": {"file:1/model.py": "eA=="}}', 400, "must also send its 'config'"),
+        (
+            b'{"parameters": {"config": "{}", "file:1/model.py": "not base64!"}}',
+            400,
+            "Unable to parse 'file:1/model.py': expected the file's content as a base64 string",
+        ),
+        (
+            b'{"parameters": {"config": "{}", "file:../model.py": "eA=="}}',
+            400,
+            "invalid model file 'file:../model.py'",
+        ),
         (b'{"parameters": {"config": "{not json"}}', 400, ""),
         (b"{", 400, "failed to parse the load model request JSON"),
     ],

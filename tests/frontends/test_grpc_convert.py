@@ -432,10 +432,12 @@ def _load(params: dict[str, Any], repository: str = "") -> Any:
     return request
 
 
-def test_load_config_parameter() -> None:
-    assert control.load_config_json(_load({})) is None
+def test_load_parameters() -> None:
+    assert control.load_parameters(_load({})) == (None, {})
     config = '{"max_batch_size": 4}'
-    assert control.load_config_json(_load({"config": ("string_param", config)})) == config
+    assert control.load_parameters(_load({"config": ("string_param", config)})) == (config, {})
+    files = _load({"config": ("string_param", config), "file:1/model.py": ("bytes_param", b"x")})
+    assert control.load_parameters(files) == (config, {"file:1/model.py": b"x"})
 
 
 @pytest.mark.parametrize(
@@ -443,8 +445,8 @@ def test_load_config_parameter() -> None:
     [
         (_load({"config": ("bool_param", True)}), errors.InvalidArgumentError,
          "invalid value type for load parameter 'config', expected string_param."),
-        (_load({"file:1/model.py": ("bytes_param", b"x")}), errors.UnsupportedError,
-         "load parameter 'file:1/model.py'"),
+        (_load({"file:1/model.py": ("string_param", "x")}), errors.InvalidArgumentError,
+         "invalid value type for load parameter 'file:1/model.py', expected bytes_param."),
         (_load({"other": ("int64_param", 1)}), errors.InvalidArgumentError,
          "unrecognized load parameter 'other'."),
         (_load({}, repository="r"), errors.UnsupportedError,
@@ -453,7 +455,7 @@ def test_load_config_parameter() -> None:
 )  # fmt: skip
 def test_load_parameters_rejected(request_: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error) as info:
-        control.load_config_json(request_)
+        control.load_parameters(request_)
     assert str(info.value).startswith(message)
 
 

@@ -188,13 +188,12 @@ def deserialize_bytes_tensor(
 
 
 def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
-    """Load (or reload) ``model_name``, optionally with ``config`` (JSON), as Triton's
-    model control API does; the server must run with ``--model-control-mode explicit``."""
-    if files:
-        raise TritonModelException("pb_utils.load_model: 'files' is not supported yet")
+    """Load (or reload) ``model_name``, optionally with ``config`` (JSON) and the model's
+    ``files`` (``"file:<path>"`` -> bytes, which then need ``config``), as Triton's model
+    control API does; the server must run with ``--model-control-mode explicit``."""
     from dlserve.backend import bls
 
-    bls.control("load", model_name, config=config)
+    bls.control("load", model_name, config=config, files=dict(files or {}))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

@@ -159,7 +159,8 @@ class BlsRouter:
             if msg.op == "ready":
                 reply.ready = self.service.model_ready(msg.model_name, msg.model_version)
             elif msg.op == "load":
-                await self.service.load_model(msg.model_name, msg.config or None)
+                await self.service.load_model(msg.model_name, msg.config or None,
+                                              msg.files or None)  # fmt: skip
             elif msg.op == "unload":
                 await self.service.unload_model(msg.model_name)
             else:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -88,6 +89,7 @@ class ModelEntry:
     config: Any = None
     versions: dict[int, ModelVersion] = field(default_factory=dict)  # newest first
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    path: Path | None = None  # the folder it was loaded from
 
     def latest_ready(self) -> ModelVersion | None:
         for version in self.versions.values():
@@ -130,8 +132,11 @@ class ModelManager:
     def entry(self, name: str) -> ModelEntry | None:
         return self.models.get(name)
 
-    async def load(self, name: str, config_json: str | None = None) -> None:
-        """(Re)load a model; raises the reason it could not be loaded."""
+    async def load(
+        self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """(Re)load a model; raises the reason it could not be loaded. ``files``: the
+        model's files, sent with the request (``file:<path>`` -> bytes)."""
         entry = self.models.get(name)
         if entry is None:
             entry = self.models[name] = ModelEntry(name, ModelState.LOADING)
@@ -139,7 +144,9 @@ class ModelManager:
             await self._unload_locked(entry)
             entry.state, entry.reason = ModelState.LOADING, ""
             try:
-                entry.config, entry.versions = await self._start(name, config_json)
+                source = self.repository.source(name, config_json, files)
+                entry.path = source.path
+                entry.config, entry.versions = await self._start(source)
             except errors.DlserveError as exc:
                 entry.state, entry.reason = ModelState.UNAVAILABLE, str(exc)
                 log.error("model '%s' is UNAVAILABLE: %s", name, exc)
@@ -147,10 +154,8 @@ class ModelManager:
             entry.state = ModelState.READY
             log.info("model '%s' versions %s are READY", name, sorted(entry.versions))
 
-    async def _start(
-        self, name: str, config_json: str | None
-    ) -> tuple[Any, dict[int, ModelVersion]]:
-        source = self.repository.source(name, config_json)
+    async def _start(self, source: ModelSource) -> tuple[Any, dict[int, ModelVersion]]:
+        name = source.name
         raw = source.config
         raw.name = raw.name or name
         if cfg.is_ensemble(raw):
@@ -316,11 +321,13 @@ class ModelManager:
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def _unload_locked(self, entry: ModelEntry) -> None:
-        if not entry.versions:
-            return
-        entry.state = ModelState.UNLOADING
-        versions, entry.versions = entry.versions, {}
-        await asyncio.gather(*(v.stop(self.options.stop_timeout) for v in versions.values()))
+        if entry.versions:
+            entry.state = ModelState.UNLOADING
+            versions, entry.versions = entry.versions, {}
+            await asyncio.gather(*(v.stop(self.options.stop_timeout) for v in versions.values()))
+        if entry.path is not None:  # files sent with its load request go with it
+            self.repository.forget(entry.path)
+            entry.path = None
 
     async def unload_all(self) -> None:
         await asyncio.gather(*(self.unload(name) for name in list(self.models)))

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,7 @@ class InferenceService:
         self._started = False
         await self.owners.stop()
         await self.manager.unload_all()
+        self.repository.close()
 
     # -- health and metadata ------------------------------------------------------------
     def live(self) -> bool:
@@ -388,9 +389,13 @@ class InferenceService:
                 "explicit model load / unload is not allowed if polling is enabled"
             )
 
-    async def load_model(self, name: str, config_json: str | None = None) -> None:
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Load (or reload) ``name``: from the repository, or from ``files`` sent with the
+        request (``file:<path>`` -> bytes, with ``config``)."""
         self._check_explicit()
-        await self.manager.load(name, config_json)
+        await self.manager.load(name, config_json, files)
 
     async def unload_model(self, name: str) -> None:
         self._check_explicit()

@@ -251,6 +251,7 @@ class ControlCall(_Msg, tag=106):
     model_version: str = ""
     config: str = ""
     unload_dependents: bool = False
+    files: dict[str, bytes] = {}  # load: the model's files ("file:<path>" -> content)
 
 
 class PeerRelease(_Msg, tag=107):

@@ -84,10 +84,12 @@ def _no_repository_name(request: Any) -> None:
         raise UnsupportedError("'repository_name' specification is not supported")
 
 
-def load_config_json(request: Any) -> str | None:
-    """A RepositoryModelLoadRequest's "config" override, checked as Triton checks it."""
+def load_parameters(request: Any) -> tuple[str | None, dict[str, bytes]]:
+    """A RepositoryModelLoadRequest's "config" override and ``file:<path>`` model files,
+    checked as Triton checks them."""
     _no_repository_name(request)
     config: str | None = None
+    files: dict[str, bytes] = {}
     for key, param in request.parameters.items():
         which = param.WhichOneof("parameter_choice")
         if key == "config":
@@ -97,13 +99,14 @@ def load_config_json(request: Any) -> str | None:
                 )
             config = param.string_param
         elif key.startswith("file:"):
-            raise UnsupportedError(
-                f"load parameter '{key}': loading model files sent with the request is not "
-                "supported yet"
-            )
+            if which != "bytes_param":
+                raise InvalidArgumentError(
+                    f"invalid value type for load parameter '{key}', expected bytes_param."
+                )
+            files[key] = param.bytes_param
         else:
             raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
-    return config
+    return config, files
 
 
 def check_unload_request(request: Any) -> None:

@@ -167,8 +167,8 @@ class GrpcServicer:
 
     @grpc_errors
     async def repository_model_load(self, request: Any, context: Any) -> Any:
-        config_json = control.load_config_json(request)
-        await self._service.load_model(request.model_name, config_json)
+        config_json, files = control.load_parameters(request)
+        await self._service.load_model(request.model_name, config_json, files or None)
         return pb.RepositoryModelLoadResponse()
 
     @grpc_errors

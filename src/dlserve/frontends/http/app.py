@@ -13,6 +13,8 @@ client, which may still be sending, reads the answer instead of a reset connecti
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import re
 import zlib
@@ -354,17 +356,17 @@ class HttpApp:
     async def load(self, request: Request) -> Response:
         parameters = (await self._body(request, "load model")).get("parameters") or {}
         config = None
+        files: dict[str, bytes] = {}
         for key, value in _object(parameters, "parameters").items():
-            if key.startswith("file:"):
-                raise errors.UnsupportedError(
-                    f"loading model files from a request ('{key}') is not supported"
-                )
+            if key.startswith("file:"):  # a model file, base64-encoded
+                files[key] = _base64(key, value)
+                continue
             if key != "config":
                 raise errors.InvalidArgumentError(f"unexpected load parameter '{key}'")
             if not isinstance(value, str):
                 raise errors.InvalidArgumentError("Unable to parse 'config': expected a string")
             config = value
-        await self.service.load_model(request.path_params["model"], config)
+        await self.service.load_model(request.path_params["model"], config, files or None)
         return Response(status_code=200, media_type="application/json")
 
     async def unload(self, request: Request) -> Response:
@@ -396,6 +398,17 @@ class HttpApp:
 def _model(request: Request) -> tuple[str, str]:
     params = request.path_params
     return params.get("model", ""), params.get("version", "")
+
+
+def _base64(key: str, value: object) -> bytes:
+    try:
+        if not isinstance(value, str):
+            raise ValueError("not a string")
+        return base64.b64decode(value, validate=True)
+    except (ValueError, binascii.Error):
+        raise errors.InvalidArgumentError(
+            f"Unable to parse '{key}': expected the file's content as a base64 string"
+        ) from None
 
 
 def _object(value: object, what: str) -> convert.JsonObject:

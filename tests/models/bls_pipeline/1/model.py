@@ -12,6 +12,9 @@ itself / bounce    calls itself / bls_bounce, which calls bls_pipeline: a circul
 ready              OUTPUT1 = [is_model_ready("double"), is_model_ready("no_such_model")]
 reload             unload_model / load_model("double"): OUTPUT1 = readiness before, between,
                    after; OUTPUT0 = double(x) (explicit model control only)
+sent               load_model("tripled", config, files) from files it sends, calls it, then
+                   unload_model: OUTPUT0 = tripled(x) = 3x, OUTPUT1 = readiness before,
+                   loaded, unloaded (explicit model control only)
 """
 
 import asyncio
@@ -26,6 +29,28 @@ def request_for(model, inputs, **kwargs):
     return pb_utils.InferenceRequest(
         model_name=model, inputs=inputs, requested_output_names=names, **kwargs
     )
+
+
+TRIPLED = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 3
+            )])
+            for r in requests
+        ]
+"""
+TRIPLED_CONFIG = {
+    "name": "tripled",
+    "backend": "python",
+    "max_batch_size": 0,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+}
 
 
 def output(response, name="OUTPUT0"):
@@ -126,6 +151,20 @@ class TritonPythonModel:
         pb_utils.load_model("double")
         states.append(pb_utils.is_model_ready("double"))
         return output(request_for("double", [x]).exec()), states
+
+    async def sent(self, request, x):
+        """Needs --model-control-mode explicit: a model made of files this model sends."""
+        states = [pb_utils.is_model_ready("tripled")]
+        pb_utils.load_model(
+            "tripled",
+            config=json.dumps(TRIPLED_CONFIG),
+            files={"file:1/model.py": TRIPLED.encode()},
+        )
+        states.append(pb_utils.is_model_ready("tripled"))
+        result = output(request_for("tripled", [x]).exec())
+        pb_utils.unload_model("tripled")
+        states.append(pb_utils.is_model_ready("tripled"))
+        return result, states
 
     async def ready(self, request, x):
         found = [pb_utils.is_model_ready("double"), pb_utils.is_model_ready("no_such_model")]
