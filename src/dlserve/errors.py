@@ -108,6 +108,7 @@ class FatalError(Exception):
     """The server cannot continue (bad command line, port taken, ...)."""
 
 
-def error_from_code(code: ErrorCode, message: str) -> DlserveError:
-    """Rebuild an error received from a worker, keeping its code."""
-    return ModelError(message, code)
+def error_from_worker(message: str, code: str) -> DlserveError:
+    """Rebuild an error a worker sent (its message, and its code as on the wire; none:
+    INTERNAL)."""
+    return ModelError(message, ErrorCode(code) if code else ErrorCode.INTERNAL)

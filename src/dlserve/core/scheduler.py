@@ -258,14 +258,10 @@ class Scheduler:
         assert job.sink is not None
         if isinstance(outcome, tuple):
             done = outcome[0]
-            code = errors.ErrorCode(done.error_code) if done.error_code else None
-            failure: errors.DlserveError = errors.ModelError(
-                done.error or "the request ended without a response",
-                code or errors.ErrorCode.INTERNAL,
-            )
+            message = done.error or "the request ended without a response"
+            job.sink.end(errors.error_from_worker(message, done.error_code))
         else:
-            failure = outcome
-        job.sink.end(failure)
+            job.sink.end(outcome)
 
     def _on_free(self, execution: _Execution) -> None:
         """One of a decoupled execution's requests is done with its instance: ``execute``

@@ -319,7 +319,7 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         back with :meth:`release_outputs` once nothing reads them), or with ``lend`` left
         for a BLS caller to map (``OutputTensor.lent``; it gives them back)."""
         if done.error_code:
-            raise errors.ModelError(done.error, errors.ErrorCode(done.error_code))
+            raise errors.error_from_worker(done.error, done.error_code)
         outputs = []
         held: list[int] = []
         for ref in done.outputs:

@@ -110,7 +110,7 @@ class DecoupledStreams:
         self, frame: m.StreamResponse, payload: memoryview, lend: bool
     ) -> StreamReply:
         if frame.error_code:
-            error = errors.ModelError(frame.error, errors.ErrorCode(frame.error_code))
+            error = errors.error_from_worker(frame.error, frame.error_code)
             return StreamReply(None, error, frame.final, frame.timings)
         if not frame.has_response:
             return StreamReply(None, None, frame.final, frame.timings)
