@@ -6,11 +6,10 @@ polling thread and the event loop. Here a request's frames are parsed in
 ``data_received`` and its response leaves in one ``transport.write``.
 
 What it does: the connection preface and SETTINGS (both ways), PING answered at once,
-HEADERS with CONTINUATION, padding and priority (header blocks decoded with ``hpack``),
+HEADERS with CONTINUATION, padding and priority (header blocks: ``hpack_codec.py``),
 DATA, flow control both ways (large receive windows, replenished as data arrives; sends
 wait for the client's window), RST_STREAM, GOAWAY both ways. Not: server push, priority
-scheduling, h2c upgrade, TLS. Header blocks are encoded without the dynamic table
-(:func:`encode_headers`), so the encoder keeps no state.
+scheduling, h2c upgrade, TLS.
 
 ``Connection`` knows nothing of gRPC: the subclass in ``rpc.py`` gets
 :meth:`Connection.stream_opened`, :meth:`~Connection.stream_data`,
@@ -25,7 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final, cast
 
-import hpack
+from dlserve.frontends.grpc import hpack_codec
 
 log = logging.getLogger("dlserve.grpc")
 
@@ -45,37 +44,11 @@ _OUR_SETTINGS: Final = (
     + _SETTING_MAX_FRAME.to_bytes(2, "big") + MAX_FRAME.to_bytes(4, "big")
 )  # fmt: skip
 
-Headers = list[tuple[str, str]]
+Headers = hpack_codec.Headers
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return (len(payload) << 48 | kind << 40 | flags << 32 | stream_id).to_bytes(9, "big") + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def encode_headers(headers: Sequence[tuple[bytes, bytes]]) -> bytes:
-    """A header block of literals "without indexing" (RFC 7541 6.2.2), ``:status 200``
-    as its static-table index: no dynamic table, so no encoder state."""
-    out = bytearray()
-    for name, value in headers:
-        if name == b":status" and value == b"200":
-            out.append(0x88)
-            continue
-        out += b"\x00" + _hpack_int(len(name), 7, 0) + name
-        out += _hpack_int(len(value), 7, 0) + value
-    return bytes(out)
 
 
 class ProtocolError(Exception):
@@ -111,9 +84,7 @@ class Connection(asyncio.Protocol):
         self._partial_size = 0
         self._needed = 0  # bytes the partial frame needs in all
         self._preface = False
-        self._decoder = hpack.Decoder()
-        self._decoder.max_allowed_table_size = 65536
-        self._decoder.max_header_list_size = MAX_FRAME
+        self._decoder = hpack_codec.Decoder()
         self._peer_window = 65535  # the client's initial stream window for what we send
         self._peer_max_frame = 16384
         self._send_window = 65535  # the connection's window for what we send
@@ -295,8 +266,8 @@ class Connection(asyncio.Protocol):
 
     def _decode(self, block: bytes | memoryview, flags: int) -> Headers:
         try:
-            return [(str(k), str(v)) for k, v in self._decoder.decode(bytes(block))]
-        except hpack.HPACKError as exc:
+            return self._decoder.decode(bytes(block))
+        except hpack_codec.HpackError as exc:
             raise ProtocolError(COMPRESSION_ERROR, f"bad header block: {exc}") from None
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
-from dlserve.frontends.grpc import h2
+from dlserve.frontends.grpc import h2, hpack_codec
 from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError, status_of
 
 if TYPE_CHECKING:
@@ -33,11 +33,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("dlserve.grpc")
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
-_HEAD_BLOCK: Final = h2.encode_headers((
+_HEAD_BLOCK: Final = hpack_codec.encode((
     (b":status", b"200"), (b"content-type", b"application/grpc"),
     (b"grpc-accept-encoding", b"identity,deflate,gzip"),
 ))  # fmt: skip
-_OK_TRAILERS: Final = h2.encode_headers(((b"grpc-status", b"0"),))
+_OK_TRAILERS: Final = hpack_codec.encode(((b"grpc-status", b"0"),))
 _TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _NOT_METADATA: Final = frozenset(
     ("content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding")
@@ -105,7 +105,7 @@ def _trailers(code: int, message: str) -> bytes:
     fields = [(b"grpc-status", str(code).encode())]
     if message:
         fields.append((b"grpc-message", _percent_encode(message)))
-    return h2.encode_headers(fields)
+    return hpack_codec.encode(fields)
 
 
 def _peer_name(transport: asyncio.BaseTransport) -> str:
