@@ -21,6 +21,7 @@ import pytest
 import uvloop
 
 from dlserve.errors import FatalError, NotFoundError
+from dlserve.frontends.grpc import h2, hpack_codec
 from dlserve.frontends.grpc.rpc import Context, Method
 from dlserve.frontends.grpc.transport import GrpcServer
 
@@ -272,3 +273,41 @@ def test_garbage_closes_only_its_connection(garbage: bytes) -> None:
                 while sock.recv(65536):  # until the server closes it
                     pass
         assert _call(channel, "Echo")(b"after", timeout=DEADLINE_S) == b"after"
+
+
+def _raw_frames(sock: socket.socket) -> Iterator[tuple[int, int, int, bytes]]:
+    """Frames (type, flags, stream, payload) the server sends, until it closes."""
+    buffer = b""
+    while True:
+        while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
+            size = int.from_bytes(buffer[:3], "big")
+            stream = int.from_bytes(buffer[5:9], "big")
+            yield buffer[3], buffer[4], stream, buffer[9 : 9 + size]
+            buffer = buffer[9 + size :]
+        chunk = sock.recv(65536)
+        if not chunk:
+            return
+        buffer += chunk
+
+
+def test_a_message_larger_than_the_limit_is_refused() -> None:
+    """A length prefix over 2 GiB - 1 ends the call with RESOURCE_EXHAUSTED before any
+    of its bytes are kept (a raw HTTP/2 client: grpcio will not send such a prefix)."""
+    request_headers = hpack_codec.encode([
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Echo"),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"),
+    ])  # fmt: skip
+    with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(
+            h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_headers)
+            + h2.frame(h2.DATA, 0, 1, b"\x00\x80\x00\x00\x00" + bytes(100))
+        )  # fmt: skip
+        decoder = hpack_codec.Decoder()
+        for kind, _, stream, payload in _raw_frames(sock):
+            if kind == h2.HEADERS and stream == 1:
+                fields = dict(decoder.decode(payload))
+                break
+    assert fields["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    assert "larger than max (2147483648 vs. 2147483647)" in fields["grpc-message"]

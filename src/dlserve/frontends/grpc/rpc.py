@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("dlserve.grpc")
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
+RESOURCE_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+MAX_MESSAGE: Final = 2**31 - 1  # as Triton: protobuf's own limit
+_TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
 _HEAD_BLOCK: Final = hpack_codec.encode((
     (b":status", b"200"), (b"content-type", b"application/grpc"),
     (b"grpc-accept-encoding", b"identity,deflate,gzip"),
@@ -198,9 +201,13 @@ class GrpcConnection(h2.Connection):
             buffer += data
             while len(buffer) >= 5:
                 size = int.from_bytes(buffer[1:5], "big")
+                if size > MAX_MESSAGE:
+                    self._finish(call, RESOURCE_EXHAUSTED, _TOO_LARGE.format(size, MAX_MESSAGE))
+                    return
                 if len(buffer) < 5 + size:
                     break
-                flag, message = buffer[0], bytes(buffer[5 : 5 + size])
+                with memoryview(buffer) as view:
+                    flag, message = buffer[0], bytes(view[5 : 5 + size])
                 del buffer[: 5 + size]
                 self._message(call, flag, memoryview(message))
         if end_stream:
