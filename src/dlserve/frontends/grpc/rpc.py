@@ -16,6 +16,7 @@ import asyncio
 import base64
 import logging
 import socket
+import struct
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,6 +46,7 @@ _TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6,
 _NOT_METADATA: Final = frozenset(
     ("content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding")
 )
+_PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _END: Final = object()  # the client has sent its last message
 
 Parts = tuple[list[bytes | memoryview], int]  # a message as pieces, and its size
@@ -65,11 +67,14 @@ class Method:
 class Context:
     """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
 
-    __slots__ = ("_metadata", "_peer")
+    __slots__ = ("_metadata", "_peer", "_peer_pid")
 
-    def __init__(self, peer: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+    def __init__(
+        self, peer: str, metadata: tuple[tuple[str, str | bytes], ...], peer_pid: int | None
+    ) -> None:
         self._peer = peer
         self._metadata = metadata
+        self._peer_pid = peer_pid
 
     def peer(self) -> str:
         """As gRPC writes it: "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path"."""
@@ -77,6 +82,10 @@ class Context:
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata
+
+    def peer_pid(self) -> int | None:
+        """The process at the other end of a Unix-socket connection (SO_PEERCRED)."""
+        return self._peer_pid
 
 
 class Call:
@@ -111,6 +120,18 @@ def _trailers(code: int, message: str) -> bytes:
     return hpack_codec.encode(fields)
 
 
+def _peer_pid(transport: asyncio.BaseTransport) -> int | None:
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return None
+    pid = int(_PEERCRED.unpack(credentials)[0])
+    return pid if pid > 0 else None
+
+
 def _peer_name(transport: asyncio.BaseTransport) -> str:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family == socket.AF_UNIX:
@@ -136,11 +157,13 @@ class GrpcConnection(h2.Connection):
         self.server = server
         self.calls: dict[int, Call] = {}
         self._peer = ""
+        self._peer_pid: int | None = None
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._peer = _peer_name(transport)
+        self._peer_pid = _peer_pid(transport)
         self.server.connections.add(self)
         if self.server.stopping:
             self.go_away()
@@ -168,7 +191,7 @@ class GrpcConnection(h2.Connection):
             for k, v in headers
             if not k.startswith(":") and k not in _NOT_METADATA
         )
-        call = Call(stream_id, method, Context(self._peer, metadata),
+        call = Call(stream_id, method, Context(self._peer, metadata, self._peer_pid),
                     fields.get("grpc-encoding", "identity"))  # fmt: skip
         self.calls[stream_id] = call
         self.server.calls += 1
