@@ -1,7 +1,7 @@
 """Who owns a region, and reclaiming it when its owner exits, without a server.
 
-- procfs: the process at the other end of a real loopback TCP connection and of a real
-  connection, this process's own and a child's (a Unix socket's peer comes from the frontend);
+- procfs: the process at the other end of a real loopback TCP connection, this process's
+  own and a child's (a Unix socket's peer is told by the frontend: SO_PEERCRED);
 - RegionOwners: a child process's exit, seen through its pidfd, unregisters its regions
   (in use: once the request ends) and counts them; the polling fallback does the same;
   a claimed pid is believed only when the OS confirms it; idle regions are dropped;
