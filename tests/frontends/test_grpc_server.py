@@ -17,15 +17,18 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import uvloop
 
 from dlserve.errors import FatalError, NotFoundError
 from dlserve.frontends.grpc import h2, hpack_codec
-from dlserve.frontends.grpc.rpc import Context, Method
+from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer
 
 DEADLINE_S = 60.0
+FLOOD = 64  # responses of 1 MiB
+TENSOR = np.arange(3 * 50_000, dtype=np.float32).reshape(3, 50_000)
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -40,6 +43,8 @@ class Probe:
         self.finished = threading.Event()
         self.metadata: tuple[tuple[str, str | bytes], ...] = ()
         self.peer = ""
+        self.server: GrpcServer | None = None
+        self.most_queued = 0  # by a Flood call, seen each time it goes on
 
     def release(self) -> None:
         self.loop.call_soon_threadsafe(self.gate.set)
@@ -72,7 +77,22 @@ def methods(probe: Probe) -> dict[str, Method]:
                 raise NotFoundError("asked to fail")
             yield bytes(request) * 2
 
+    async def flood(requests: AsyncIterator[memoryview], context: Context) -> AsyncIterator[bytes]:
+        async for _ in requests:
+            pass
+        for index in range(FLOOD):
+            assert probe.server is not None
+            queued = [s.queued for c in probe.server.connections for s in c.streams.values()]
+            probe.most_queued = max(probe.most_queued, *queued, 0)
+            yield bytes([index]) * 2**20
+
+    async def tensor(request: memoryview, context: Context) -> Parts:
+        view = memoryview(TENSOR)  # a typed, shaped view, as a model's output is
+        return [b"head:", view], 5 + view.nbytes
+
     return {
+        "/t.S/Tensor": Method(tensor),
+        "/t.S/Flood": Method(flood, streaming=True),
         "/t.S/Echo": Method(echo),
         "/t.S/Held": Method(held),
         "/t.S/NotFound": Method(not_found),
@@ -86,6 +106,7 @@ def serving(uds_path: str | None = None) -> Iterator[tuple[GrpcServer, int, Prob
     loop = uvloop.new_event_loop()
     probe = Probe(loop)
     server = GrpcServer(methods(probe), "127.0.0.1", 0, uds_path)
+    probe.server = server
     port = loop.run_until_complete(server.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -123,6 +144,12 @@ def test_echo_of_any_size(served: tuple[GrpcServer, grpc.Channel, Probe], size: 
     _, channel, _ = served
     payload = os.urandom(size)
     assert _call(channel, "Echo")(payload, timeout=DEADLINE_S) == payload
+
+
+def test_a_response_of_typed_views(served: tuple[GrpcServer, grpc.Channel, Probe]) -> None:
+    """Pieces that are a tensor's own views (float32, two dimensions) go as their bytes."""
+    _, channel, _ = served
+    assert _call(channel, "Tensor")(b"", timeout=DEADLINE_S) == b"head:" + TENSOR.tobytes()
 
 
 def test_concurrent_calls_on_one_connection(served: tuple[GrpcServer, grpc.Channel, Probe]) -> None:
@@ -311,3 +338,37 @@ def test_a_message_larger_than_the_limit_is_refused() -> None:
                 break
     assert fields["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
     assert "larger than max (2147483648 vs. 2147483647)" in fields["grpc-message"]
+
+
+def _window_update(stream: int, size: int) -> bytes:
+    return h2.frame(h2.WINDOW_UPDATE, 0, stream, size.to_bytes(4, "big"))
+
+
+def test_a_slow_reader_holds_back_its_stream() -> None:
+    """A client that reads slowly (64 KiB windows, given back as it reads) makes a streaming
+    handler wait: no more than HIGH_WATER bytes queue up for it, and nothing is lost."""
+    request_headers = hpack_codec.encode([
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Flood"),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"),
+    ])  # fmt: skip
+    with serving() as (_, port, probe), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(
+            h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, b"\x00\x04" + (65535).to_bytes(4, "big"))
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_headers)
+            + h2.frame(h2.DATA, h2.END_STREAM, 1, b"\x00" + bytes(4))
+        )  # fmt: skip
+        received = bytearray()
+        for kind, flags, stream, payload in _raw_frames(sock):
+            if kind == h2.DATA and stream == 1:
+                received += payload
+                sock.sendall(_window_update(0, len(payload)) + _window_update(1, len(payload)))
+            elif kind == h2.HEADERS and stream == 1 and flags & h2.END_STREAM:
+                break
+    messages = []
+    while received:
+        size = int.from_bytes(received[1:5], "big")
+        messages.append(bytes(received[5 : 5 + size]))
+        del received[: 5 + size]
+    assert messages == [bytes([index]) * 2**20 for index in range(FLOOD)]
+    assert probe.most_queued <= h2.HIGH_WATER

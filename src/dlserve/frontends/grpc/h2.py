@@ -37,6 +37,7 @@ CANCEL, COMPRESSION_ERROR = 0x8, 0x9
 
 MAX_WINDOW: Final = 2**31 - 1
 MAX_FRAME: Final = 2**24 - 1  # the largest frame the client may send us
+HIGH_WATER: Final = 4 * 2**20  # queued bytes of a stream past which its producer waits
 _REPLENISH: Final = 2**30  # give window back once this much has been consumed
 _SETTING_INITIAL_WINDOW, _SETTING_MAX_FRAME = 0x4, 0x5
 _OUR_SETTINGS: Final = (
@@ -51,6 +52,13 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return (len(payload) << 48 | kind << 40 | flags << 32 | stream_id).to_bytes(9, "big") + payload
 
 
+def _bytes_view(piece: memoryview | bytes) -> memoryview | bytes:
+    """A piece of a message as bytes: a typed or shaped view (a tensor's) is recast."""
+    if isinstance(piece, memoryview) and (piece.ndim != 1 or piece.format != "B"):
+        return piece.cast("B")
+    return piece
+
+
 class ProtocolError(Exception):
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(reason)
@@ -60,7 +68,8 @@ class ProtocolError(Exception):
 class StreamState:
     """One stream's flow-control and outgoing state, as the connection keeps it."""
 
-    __slots__ = ("ended", "header_block", "out", "recv_pending", "send_window", "stream_id")
+    __slots__ = ("drain_waiter", "ended", "header_block", "out", "queued", "recv_pending",
+                 "send_window", "stream_id")  # fmt: skip
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.stream_id = stream_id
@@ -70,6 +79,13 @@ class StreamState:
         self.header_block: bytearray | None = None  # a block waiting for CONTINUATION
         # what waits for the client's window: data pieces, or a frame that needs none
         self.out: deque[memoryview | bytes | tuple[bytes]] = deque()
+        self.queued = 0  # data bytes in ``out``
+        self.drain_waiter: asyncio.Future[None] | None = None  # a producer waiting on it
+
+    def wake(self) -> None:
+        waiter, self.drain_waiter = self.drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class Connection(asyncio.Protocol):
@@ -116,6 +132,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        for stream in self.streams.values():
+            stream.wake()
         self.streams.clear()
         self._blocked.clear()
         self.closed()
@@ -193,8 +211,9 @@ class Connection(asyncio.Protocol):
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, bytes(payload)))
         elif kind == RST_STREAM:
-            if self.streams.pop(stream_id, None) is not None:
+            if (stream := self.streams.pop(stream_id, None)) is not None:
                 self._blocked.pop(stream_id, None)
+                stream.wake()
                 self.stream_reset(stream_id)
         elif kind == GOAWAY:
             self.going_away = True
@@ -315,6 +334,7 @@ class Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended or self.transport is None:
             return
+        data = [_bytes_view(piece) for piece in data]
         size = sum(len(piece) for piece in data)
         if not stream.out and size <= min(self._send_window, stream.send_window,
                                           self._peer_max_frame):  # fmt: skip
@@ -332,9 +352,18 @@ class Connection(asyncio.Protocol):
         if head:
             stream.out.append((head,))
         stream.out.extend(memoryview(piece) for piece in data if len(piece))
+        stream.queued += size
         if tail is not None:
             stream.out.append((frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail),))
         self._flush(stream)
+
+    async def drained(self, stream_id: int) -> None:
+        """Wait while more than ``HIGH_WATER`` bytes of the stream wait for the client's
+        window: a producer (a streaming call's responses) goes no faster than its reader."""
+        stream = self.streams.get(stream_id)
+        while stream is not None and stream.queued > HIGH_WATER and self.transport is not None:
+            stream.drain_waiter = asyncio.get_running_loop().create_future()
+            await stream.drain_waiter
 
     def stop_reading(self, stream_id: int) -> None:
         """After the response has gone: tell a client still sending that we need no more
@@ -343,13 +372,11 @@ class Connection(asyncio.Protocol):
             self._write(frame(RST_STREAM, 0, stream_id, bytes(4)))
 
     def _end(self, stream: StreamState) -> None:
+        """We have sent the stream's END_STREAM: it is gone."""
         stream.ended = True
         self._blocked.pop(stream.stream_id, None)
-        self.stream_ended(stream.stream_id)
-
-    def stream_ended(self, stream_id: int) -> None:
-        """We have sent the stream's END_STREAM; the subclass decides whether it is gone."""
-        self.streams.pop(stream_id, None)
+        self.streams.pop(stream.stream_id, None)
+        stream.wake()
 
     def _flush(self, stream: StreamState) -> None:
         out: list[bytes | memoryview] = []
@@ -377,10 +404,13 @@ class Connection(asyncio.Protocol):
                 size += len(view)
             self._send_window -= size
             stream.send_window -= size
+            stream.queued -= size
             out.append((size << 48 | stream.stream_id).to_bytes(9, "big"))
             out.extend(pieces)
         if out and self.transport is not None:
             self.transport.writelines(out)
+        if stream.queued <= HIGH_WATER:
+            stream.wake()
 
     def _flush_blocked(self) -> None:
         for stream in list(self._blocked.values()):

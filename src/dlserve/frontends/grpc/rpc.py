@@ -311,6 +311,7 @@ class GrpcConnection(h2.Connection):
             async for response in handler(self._requests(call), call.context):
                 payload = method.serialize(response) if method.serialize is not None else response
                 self._respond(call, payload, None)
+                await self.drained(call.stream_id)
         except asyncio.CancelledError:
             self._finish(call, CANCELLED, "Cancelled")
             raise
