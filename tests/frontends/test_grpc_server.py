@@ -90,7 +90,17 @@ def methods(probe: Probe) -> dict[str, Method]:
         view = memoryview(TENSOR)  # a typed, shaped view, as a model's output is
         return [b"head:", view], 5 + view.nbytes
 
+    async def gated_sink(
+        requests: AsyncIterator[memoryview], context: Context
+    ) -> AsyncIterator[bytes]:
+        await probe.gate.wait()
+        count = 0
+        async for _ in requests:
+            count += 1
+        yield str(count).encode()
+
     return {
+        "/t.S/GatedSink": Method(gated_sink, streaming=True),
         "/t.S/Tensor": Method(tensor),
         "/t.S/Flood": Method(flood, streaming=True),
         "/t.S/Echo": Method(echo),
@@ -372,3 +382,54 @@ def test_a_slow_reader_holds_back_its_stream() -> None:
         del received[: 5 + size]
     assert messages == [bytes([index]) * 2**20 for index in range(FLOOD)]
     assert probe.most_queued <= h2.HIGH_WATER
+
+
+def _request_head(path: bytes) -> bytes:
+    return hpack_codec.encode([
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"),
+    ])  # fmt: skip
+
+
+def _until(frames: Iterator[tuple[int, int, int, bytes]], kind: int, stream: int) -> list[int]:
+    """Read frames up to the first of ``kind`` on ``stream``; the kinds seen on stream 1."""
+    seen = []
+    for got_kind, _, got_stream, _ in frames:
+        if got_stream == 1:
+            seen.append(got_kind)
+        if (got_kind, got_stream) == (kind, stream):
+            return seen
+    raise AssertionError("the server closed the connection")
+
+
+def test_a_stream_the_handler_does_not_read_gets_no_more_window() -> None:
+    """Messages the handler has not taken hold back the client: their window is given back
+    only as the handler takes them (a PING's answer shows what the server did meanwhile)."""
+    message = b"\x00" + (2**20 - 5).to_bytes(4, "big") + bytes(2**20 - 5)
+    with serving() as (_, port, probe), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        frames = _raw_frames(sock)
+        sock.sendall(
+            h2.PREFACE
+            + h2.frame(h2.SETTINGS, 0, 0)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, _request_head(b"/t.S/GatedSink"))
+        )
+        for _ in range(h2.STREAM_WINDOW // 2**20):  # all the window the stream has
+            for at in range(0, len(message), 16384):
+                sock.sendall(h2.frame(h2.DATA, 0, 1, message[at : at + 16384]))
+        sock.sendall(h2.frame(h2.PING, 0, 0, bytes(8)))
+        assert h2.WINDOW_UPDATE not in _until(frames, h2.PING, 0)
+        probe.release()
+        assert h2.WINDOW_UPDATE in _until(frames, h2.WINDOW_UPDATE, 1)
+        sock.sendall(h2.frame(h2.DATA, h2.END_STREAM, 1, message))
+        _until(frames, h2.DATA, 1)
+
+
+def test_an_endless_header_block_closes_the_connection() -> None:
+    with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(h2.PREFACE + h2.frame(h2.HEADERS, 0, 1, _request_head(b"/t.S/Echo")))
+        for _ in range(h2.MAX_HEADER_BLOCK // 16384):  # the last one goes past the limit
+            sock.sendall(h2.frame(h2.CONTINUATION, 0, 1, b"\x40" * 16384))
+        goaway = [p for kind, _, _, p in _raw_frames(sock) if kind == h2.GOAWAY]
+    assert int.from_bytes(goaway[0][4:8], "big") == h2.ENHANCE_YOUR_CALM

@@ -33,15 +33,18 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = rang
 WINDOW_UPDATE, CONTINUATION = 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
-CANCEL, COMPRESSION_ERROR = 0x8, 0x9
+CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x9, 0xB
 
 MAX_WINDOW: Final = 2**31 - 1
 MAX_FRAME: Final = 2**24 - 1  # the largest frame the client may send us
+MAX_HEADER_BLOCK: Final = 2**20  # gRPC's own default limit on metadata is 8 KiB
 HIGH_WATER: Final = 4 * 2**20  # queued bytes of a stream past which its producer waits
-_REPLENISH: Final = 2**30  # give window back once this much has been consumed
+_REPLENISH: Final = 2**30  # give the connection's window back once this much has come
+STREAM_WINDOW: Final = 16 * 2**20  # what a client may send on a stream before we take it
+_STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _SETTING_INITIAL_WINDOW, _SETTING_MAX_FRAME = 0x4, 0x5
 _OUR_SETTINGS: Final = (
-    _SETTING_INITIAL_WINDOW.to_bytes(2, "big") + MAX_WINDOW.to_bytes(4, "big")
+    _SETTING_INITIAL_WINDOW.to_bytes(2, "big") + STREAM_WINDOW.to_bytes(4, "big")
     + _SETTING_MAX_FRAME.to_bytes(2, "big") + MAX_FRAME.to_bytes(4, "big")
 )  # fmt: skip
 
@@ -237,10 +240,21 @@ class Connection(asyncio.Protocol):
         if stream is None:
             return  # a stream we already answered or reset: its data is dropped
         stream.recv_pending += len(payload)
-        if stream.recv_pending >= _REPLENISH:
+        self.stream_data(stream_id, self._strip(flags, payload), bool(flags & END_STREAM))
+        if stream.recv_pending >= _STREAM_REPLENISH and not self.holding(stream_id):
+            self.give_back(stream_id)
+
+    def holding(self, stream_id: int) -> bool:
+        """Whether what arrived on the stream waits to be taken: its window is not given
+        back until :meth:`give_back` (a reader that does not keep up holds back its writer)."""
+        return False
+
+    def give_back(self, stream_id: int) -> None:
+        """Let the client send as much again as it has sent since the last time."""
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.recv_pending >= _STREAM_REPLENISH:
             self._write(frame(WINDOW_UPDATE, 0, stream_id, stream.recv_pending.to_bytes(4, "big")))
             stream.recv_pending = 0
-        self.stream_data(stream_id, self._strip(flags, payload), bool(flags & END_STREAM))
 
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         payload = self._strip(flags, payload)
@@ -271,6 +285,8 @@ class Connection(asyncio.Protocol):
         if stream is None or stream.stream_id != stream_id or stream.header_block is None:
             raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
         stream.header_block += payload
+        if len(stream.header_block) > MAX_HEADER_BLOCK:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if flags & END_HEADERS:
             self._end_headers(stream)
 

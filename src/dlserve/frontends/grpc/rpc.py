@@ -89,7 +89,7 @@ class Context:
 
 
 class Call:
-    __slots__ = ("buffer", "context", "deadline", "encoding", "inbox", "method",
+    __slots__ = ("buffer", "context", "deadline", "encoding", "inbox", "inbox_bytes", "method",
                  "remote_ended", "started", "stream_id", "task", "waiter")  # fmt: skip
 
     def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
@@ -99,6 +99,7 @@ class Call:
         self.encoding = encoding
         self.buffer = bytearray()  # a message arriving in pieces
         self.inbox: deque[Any] = deque()  # whole messages (and _END) not yet taken
+        self.inbox_bytes = 0
         self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting
         self.remote_ended = False
         self.started = False  # response headers sent
@@ -264,6 +265,8 @@ class GrpcConnection(h2.Connection):
     def _deliver(self, call: Call, item: Any) -> None:
         if call.method.streaming:
             call.inbox.append(item)
+            if item is not _END:
+                call.inbox_bytes += len(item)
             if call.waiter is not None and not call.waiter.done():
                 call.waiter.set_result(None)
         elif item is _END:
@@ -282,7 +285,14 @@ class GrpcConnection(h2.Connection):
             item = call.inbox.popleft()
             if item is _END:
                 return
+            call.inbox_bytes -= len(item)
+            if call.inbox_bytes <= h2.HIGH_WATER:
+                self.give_back(call.stream_id)
             yield deserialize(item) if deserialize is not None else item
+
+    def holding(self, stream_id: int) -> bool:
+        call = self.calls.get(stream_id)
+        return call is not None and call.inbox_bytes > h2.HIGH_WATER
 
     # -- running a call -----------------------------------------------------------------
     async def _run_unary(self, call: Call, request: memoryview | None) -> None:
