@@ -67,13 +67,11 @@ class Method:
 class Context:
     """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
 
-    __slots__ = ("_metadata", "_peer", "_peer_pid")
+    __slots__ = ("_headers", "_peer", "_peer_pid")
 
-    def __init__(
-        self, peer: str, metadata: tuple[tuple[str, str | bytes], ...], peer_pid: int | None
-    ) -> None:
+    def __init__(self, peer: str, headers: h2.Headers, peer_pid: int | None) -> None:
         self._peer = peer
-        self._metadata = metadata
+        self._headers = headers
         self._peer_pid = peer_pid
 
     def peer(self) -> str:
@@ -81,7 +79,12 @@ class Context:
         return self._peer
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._metadata
+        """The call's custom headers (``-bin`` ones decoded), made when asked for."""
+        return tuple(
+            (k, base64.b64decode(v + "==") if k.endswith("-bin") else v)
+            for k, v in self._headers
+            if not k.startswith(":") and k not in _NOT_METADATA
+        )
 
     def peer_pid(self) -> int | None:
         """The process at the other end of a Unix-socket connection (SO_PEERCRED)."""
@@ -187,12 +190,7 @@ class GrpcConnection(h2.Connection):
         if not fields.get("content-type", "").startswith("application/grpc"):
             self._refuse(stream_id, UNIMPLEMENTED, "not a gRPC request", end_stream)
             return
-        metadata = tuple(
-            (k, base64.b64decode(v + "==") if k.endswith("-bin") else v)
-            for k, v in headers
-            if not k.startswith(":") and k not in _NOT_METADATA
-        )
-        call = Call(stream_id, method, Context(self._peer, metadata, self._peer_pid),
+        call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
                     fields.get("grpc-encoding", "identity"))  # fmt: skip
         self.calls[stream_id] = call
         self.server.calls += 1

@@ -7,6 +7,7 @@ A tensor names a region with three parameters, typed as Triton types them
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 from urllib.parse import unquote
@@ -93,6 +94,7 @@ def cuda_status_response(regions: Sequence[RegionStatus]) -> Any:
     )
 
 
+@functools.lru_cache(maxsize=4096)  # asked per request; a connection's answer never changes
 def peer_of(text: str | None, pid: int | None = None, connection_pid: int | None = None) -> Peer:
     """gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path") as a Peer;
     ``pid``: the one the client claims (:func:`claimed_pid`); ``connection_pid``: the
