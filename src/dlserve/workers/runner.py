@@ -40,6 +40,7 @@ from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
 Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
+_NO_TARGETS: dict[str, m.TensorRef] = {}  # a request that names no output region
 
 
 class LoadError(Exception):
@@ -167,6 +168,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
 
     def _call(self, function: Any, *args: Any) -> Any:
         result = function(*args)
+        if type(result) is list or result is None:  # the usual answers: nothing to await
+            return result
         if inspect.isawaitable(result):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
@@ -260,22 +263,26 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
         inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
-        request = pb_utils.InferenceRequest(
-            model_name=self.load.model_name,
-            inputs=inputs,
-            requested_output_names=msg.outputs,
-            request_id=msg.request_id,
-            parameters=msg.parameters,
+        request = pb_utils.InferenceRequest._received(
+            self.load.model_name, inputs, msg.outputs, msg.request_id, msg.parameters
         )
-        targets = {t.name: t for t in msg.output_regions}
+        targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS
         outputs = self.outputs
         request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
         return request
 
     def _input_tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
-        if ref.where == m.Where.CUDA_REGION:
+        where = ref.where
+        if where == m.Where.PAYLOAD:  # the usual small input: a view of the frame
+            dtype = dtypes.BY_WIRE[ref.datatype]
+            if not dtype.is_bytes:
+                raw = payload[ref.offset : ref.offset + ref.nbytes]
+                array = np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape)
+                tensor = pb_utils.Tensor._wrap(ref.name, array, dtype)
+                return self.gpu.place(tensor)
+        elif where == m.Where.CUDA_REGION:
             return self.gpu.region_input(ref)
-        if ref.where == m.Where.CUDA_IPC:  # a BLS caller's GPU memory
+        elif where == m.Where.CUDA_IPC:  # a BLS caller's GPU memory
             return gpu_bls.input_tensor(ref)
         tensor = pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
         return self.gpu.place(tensor)
