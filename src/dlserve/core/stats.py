@@ -19,7 +19,8 @@ class _Duration:
 
     def add(self, ns: int) -> None:
         self.count += 1
-        self.ns += max(ns, 0)
+        if ns > 0:
+            self.ns += ns
 
     def frozen(self) -> DurationStat:
         return DurationStat(self.count, self.ns)

@@ -168,7 +168,7 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
             head = self._start + codec.PREFIX_SIZE
             message = self._decoder.decode(memoryview(buf)[head : head + header_len])
             # the payload is copied out so the receive buffer can be reused at once
-            payload = memoryview(bytes(memoryview(buf)[head + header_len : frame_end]))
+            payload = memoryview(buf[head + header_len : frame_end])
             self._start = frame_end
             self._on_frame(message, payload)
         if self._start == self._end:
