@@ -86,12 +86,11 @@ class Server:
             self._mps = MpsDaemon.start()
             os.environ.update(self._mps.env)
         await self.service.startup()
-        self._grpc, grpc_port = create_grpc_server(
-            self.service, f"{self.options.host}:{self.options.grpc_port}", self.options.grpc_uds
+        self._grpc = create_grpc_server(
+            self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds
         )
-        await self._grpc.start()
         self.ports = {
-            "grpc_port": grpc_port,
+            "grpc_port": await self._grpc.start(),
             "http_port": await self._http.start(),
             "metrics_port": await self._metrics.start(),
         }

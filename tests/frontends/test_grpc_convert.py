@@ -19,7 +19,7 @@ from dlserve.core.service import InferenceService
 from dlserve.core.trace import TraceSettings
 from dlserve.errors import FatalError
 from dlserve.frontends.grpc import control, convert
-from dlserve.frontends.grpc.errors import STATUS_CODES, grpc_errors
+from dlserve.frontends.grpc.errors import STATUS_CODES, RpcError, status_of
 from dlserve.frontends.grpc.servicer import create_grpc_server
 from dlserve.types import (
     BatchStats,
@@ -83,38 +83,22 @@ def test_status_codes_follow_triton(code: errors.ErrorCode, status: grpc.StatusC
     assert STATUS_CODES[code] == status
 
 
-class FakeContext:
-    def __init__(self) -> None:
-        self.aborted: tuple[grpc.StatusCode, str] | None = None
-
-    async def abort(self, code: grpc.StatusCode, message: str) -> None:
-        self.aborted = (code, message)
-        raise grpc.aio.AbortError()
-
-
-class Raiser:
-    @grpc_errors
-    async def call(self, request: Exception, context: Any) -> str:
-        raise request
-
-
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
         (errors.NotFoundError("no model"), (grpc.StatusCode.NOT_FOUND, "no model")),
         (errors.ModelError("bad", errors.ErrorCode.INVALID_ARG),
          (grpc.StatusCode.INVALID_ARGUMENT, "bad")),
+        (RpcError(grpc.StatusCode.UNIMPLEMENTED, "no such"),
+         (grpc.StatusCode.UNIMPLEMENTED, "no such")),
         (ValueError("broken"), (grpc.StatusCode.INTERNAL, "broken")),
         (KeyError(), (grpc.StatusCode.INTERNAL, "KeyError")),
     ],
 )  # fmt: skip
-def test_failures_abort_with_their_status(
+def test_failures_end_calls_with_their_status(
     exc: Exception, expected: tuple[grpc.StatusCode, str]
 ) -> None:
-    context = FakeContext()
-    with pytest.raises(grpc.aio.AbortError):
-        asyncio.run(Raiser().call(exc, context))
-    assert context.aborted == expected
+    assert status_of(exc) == (expected[0].value[0], expected[1])
 
 
 # -- requests --------------------------------------------------------------------------
@@ -558,11 +542,11 @@ def test_trace_settings_rejected(updates: dict[str, list[str]], error: type[Exce
 # -- the server factory ----------------------------------------------------------------
 def test_server_binds_a_free_port_and_refuses_a_taken_one() -> None:
     async def bind_twice() -> int:
-        server, port = create_grpc_server(cast(InferenceService, None), "127.0.0.1:0")
+        server = create_grpc_server(cast(InferenceService, None), "127.0.0.1", 0)
+        port = await server.start()
         try:
-            await server.start()
             with pytest.raises(FatalError, match=f"127.0.0.1:{port}"):
-                create_grpc_server(cast(InferenceService, None), f"127.0.0.1:{port}")
+                await create_grpc_server(cast(InferenceService, None), "127.0.0.1", port).start()
         finally:
             await server.stop(None)
         return port

@@ -46,7 +46,7 @@ _MALFORMED: Final = "malformed ModelInferRequest"
 
 
 # -- protobuf wire format --------------------------------------------------------------
-def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _read_varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     result = shift = 0
     while pos < end and shift < 64:
         byte = data[pos]
@@ -69,7 +69,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _skip_field(data: bytes, key: int, pos: int, end: int) -> tuple[int, int]:
+def _skip_field(data: bytes | memoryview, key: int, pos: int, end: int) -> tuple[int, int]:
     """(start of the field's value, end of the field) for a field whose key ends at pos."""
     wire_type = key & 7
     if wire_type == 2:
@@ -84,7 +84,7 @@ def _skip_field(data: bytes, key: int, pos: int, end: int) -> tuple[int, int]:
     raise InvalidArgumentError(f"{_MALFORMED}: unsupported wire type {wire_type}")
 
 
-def split_infer_request(data: bytes) -> tuple[bytes, list[memoryview]]:
+def split_infer_request(data: bytes | memoryview) -> tuple[bytes | memoryview, list[memoryview]]:
     """The message without its raw_input_contents, and those contents as views of ``data``.
 
     Keys and lengths under 128 (nearly all) are read inline: this loop runs per request.
@@ -266,7 +266,7 @@ def infer_request_from_message(
     )  # fmt: skip
 
 
-def parse_infer_request(data: bytes) -> InferRequest:
+def parse_infer_request(data: bytes | memoryview) -> InferRequest:
     """A serialized ModelInferRequest as a core request; raw inputs are views of ``data``."""
     metadata, raws = split_infer_request(data)
     try:
@@ -342,7 +342,7 @@ def serialize_stream_error(message: str, request_id: str) -> bytes:
     )
 
 
-def request_id_of(data: bytes) -> str:
+def request_id_of(data: bytes | memoryview) -> str:
     """The id of a serialized request that failed to convert, or "" when unreadable."""
     try:
         metadata, _ = split_infer_request(data)

@@ -1,17 +1,16 @@
 """dlserve errors as gRPC status codes: one complete table, as Triton maps them.
 
-A :class:`~dlserve.errors.DlserveError` raised while answering an RPC becomes
-``context.abort(code, message)``; any other exception is a bug or a foreign
+A :class:`~dlserve.errors.DlserveError` raised while answering an RPC ends it with its
+code and message (:func:`status_of`); any other exception is a bug or a foreign
 failure: it is logged with its traceback and answered INTERNAL.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Final
 
 import grpc
 
@@ -43,31 +42,25 @@ def error_message(exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
-S = TypeVar("S")
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Handler = Callable[[S, Req, Any], Awaitable[Resp]]
+CANCELLED: Final = grpc.StatusCode.CANCELLED.value[0]
+DEADLINE_EXCEEDED: Final = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_INTERNAL: Final = grpc.StatusCode.INTERNAL.value[0]
 
 
-def grpc_errors(method: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
-    """Wrap a unary RPC method so that every failure ends as a gRPC status.
+class RpcError(Exception):
+    """Ends a call with this gRPC status: a failure of the call itself, not of a model."""
 
-    try/except costs nothing on the success path, unlike a context manager
-    entered on every call.
-    """
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
-    @functools.wraps(method)
-    async def wrapper(self: S, request: Req, context: Any) -> Resp:
-        try:
-            return await method(self, request, context)
-        except DlserveError as exc:
-            await context.abort(STATUS_CODES[exc.code], exc.message)
-            raise  # abort raises; this only satisfies the type checker
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            log.exception("gRPC %s failed", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, error_message(exc))
-            raise
 
-    return wrapper
+def status_of(exc: Exception) -> tuple[int, str]:
+    """The gRPC status (code, message) that ends a call which raised ``exc``."""
+    if isinstance(exc, DlserveError):
+        return STATUS_CODES[exc.code].value[0], exc.message
+    if isinstance(exc, RpcError):
+        return exc.code.value[0], exc.message
+    log.error("gRPC call failed", exc_info=exc)
+    return _INTERNAL, error_message(exc)

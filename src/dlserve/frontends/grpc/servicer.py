@@ -1,7 +1,8 @@
-"""Triton's ``inference.GRPCInferenceService`` on grpc.aio, answered by the InferenceService.
+"""Triton's ``inference.GRPCInferenceService``, answered by the InferenceService.
 
 Every RPC translates its message (``convert``), asks the service, and
-translates the answer back; failures become gRPC statuses (``errors``).
+translates the answer back; failures become gRPC statuses (``errors.status_of``, applied
+by the transport, ``rpc.py``).
 ModelInfer and ModelStreamInfer take and return the bytes gRPC moves, so
 that tensor bytes are never copied by protobuf (see ``convert``).
 """
@@ -11,36 +12,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import stat
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
-import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.core.service import InferenceService
 from dlserve.errors import (
     DecoupledModelError,
     DlserveError,
-    FatalError,
     InvalidArgumentError,
     UnsupportedError,
 )
 from dlserve.frontends.grpc import control, convert, shm
-from dlserve.frontends.grpc.errors import error_message, grpc_errors
+from dlserve.frontends.grpc.errors import error_message
+from dlserve.frontends.grpc.rpc import Method, Parts
+from dlserve.frontends.grpc.transport import GrpcServer
 from dlserve.types import InferRequest, Peer
 
 log = logging.getLogger("dlserve.grpc")
 
 SERVICE_NAME: Final = "inference.GRPCInferenceService"
-INT32_MAX: Final = 2**31 - 1
-SERVER_OPTIONS: Final = (
-    ("grpc.max_send_message_length", INT32_MAX),  # as Triton: protobuf's own limit
-    ("grpc.max_receive_message_length", INT32_MAX),
-    ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
-)
 STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 
 EMPTY_FINAL: Final = "triton_enable_empty_final_response"  # a request parameter
@@ -54,45 +46,38 @@ class GrpcServicer:
         self._service = service
 
     # -- health and metadata ------------------------------------------------------------
-    @grpc_errors
     async def server_live(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=self._service.live())
 
-    @grpc_errors
     async def server_ready(self, request: Any, context: Any) -> Any:
         return pb.ServerReadyResponse(ready=self._service.ready())
 
-    @grpc_errors
     async def model_ready(self, request: Any, context: Any) -> Any:
         return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
 
-    @grpc_errors
     async def server_metadata(self, request: Any, context: Any) -> Any:
         return control.server_metadata_response(self._service.server_metadata())
 
-    @grpc_errors
     async def model_metadata(self, request: Any, context: Any) -> Any:
         metadata = self._service.model_metadata(request.name, request.version)
         return control.model_metadata_response(metadata)
 
-    @grpc_errors
     async def model_config(self, request: Any, context: Any) -> Any:
         config = self._service.model_config(request.name, request.version)
         return pb.ModelConfigResponse(config=config)
 
     # -- inference ----------------------------------------------------------------------
-    @grpc_errors
-    async def model_infer(self, request: bytes, context: Any) -> bytes:
+    async def model_infer(self, request: memoryview, context: Any) -> Parts:
         parsed = convert.parse_infer_request(request)
         parsed.peer = shm.peer_of(context.peer())
         try:
             response = await self._service.infer(parsed)
         except DecoupledModelError:
             raise UnsupportedError(_INFER_DECOUPLED) from None
-        return convert.serialize_infer_response(response)
+        return convert.infer_response_parts(response)
 
     async def model_stream_infer(
-        self, requests: AsyncIterator[bytes], context: Any
+        self, requests: AsyncIterator[memoryview], context: Any
     ) -> AsyncIterator[bytes]:
         """Requests run concurrently (up to STREAM_WINDOW); responses leave as they come,
         as Triton sends them: a decoupled model's responses interleave with the others'.
@@ -116,7 +101,7 @@ class GrpcServicer:
                 task.cancel()
 
     async def _read_stream(
-        self, requests: AsyncIterator[bytes], window: asyncio.Semaphore,
+        self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
         out: asyncio.Queue[bytes | None], tasks: set[asyncio.Task[None]], peer: Peer,
     ) -> None:  # fmt: skip
         try:
@@ -131,7 +116,11 @@ class GrpcServicer:
             out.put_nowait(None)
 
     async def _stream_one(
-        self, data: bytes, peer: Peer, out: asyncio.Queue[bytes | None], window: asyncio.Semaphore
+        self,
+        data: memoryview,
+        peer: Peer,
+        out: asyncio.Queue[bytes | None],
+        window: asyncio.Semaphore,
     ) -> None:
         request: InferRequest | None = None
         try:
@@ -153,36 +142,30 @@ class GrpcServicer:
             window.release()
 
     # -- statistics and repository ------------------------------------------------------
-    @grpc_errors
     async def model_statistics(self, request: Any, context: Any) -> Any:
         stats = self._service.statistics(request.name, request.version)
         return control.statistics_response(stats)
 
-    @grpc_errors
     async def repository_index(self, request: Any, context: Any) -> Any:
         if request.repository_name:
             raise UnsupportedError("'repository_name' specification is not supported")
         entries = self._service.repository_index(ready_only=request.ready)
         return control.repository_index_response(entries)
 
-    @grpc_errors
     async def repository_model_load(self, request: Any, context: Any) -> Any:
         config_json, files = control.load_parameters(request)
         await self._service.load_model(request.model_name, config_json, files or None)
         return pb.RepositoryModelLoadResponse()
 
-    @grpc_errors
     async def repository_model_unload(self, request: Any, context: Any) -> Any:
         control.check_unload_request(request)
         await self._service.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ------------------------------------------------------------------
-    @grpc_errors
     async def system_shm_status(self, request: Any, context: Any) -> Any:
         return shm.status_response(self._service.shm_status(request.name))
 
-    @grpc_errors
     async def system_shm_register(self, request: Any, context: Any) -> Any:
         peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
         await self._service.register_shm(
@@ -190,16 +173,13 @@ class GrpcServicer:
         )
         return pb.SystemSharedMemoryRegisterResponse()
 
-    @grpc_errors
     async def system_shm_unregister(self, request: Any, context: Any) -> Any:
         self._service.unregister_shm(request.name, shm.peer_of(context.peer()))
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    @grpc_errors
     async def cuda_shm_status(self, request: Any, context: Any) -> Any:
         return shm.cuda_status_response(self._service.shm_status(request.name, cuda=True))
 
-    @grpc_errors
     async def cuda_shm_register(self, request: Any, context: Any) -> Any:
         peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
         await self._service.register_cuda_shm(
@@ -207,13 +187,11 @@ class GrpcServicer:
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
-    @grpc_errors
     async def cuda_shm_unregister(self, request: Any, context: Any) -> Any:
         self._service.unregister_shm(request.name, shm.peer_of(context.peer()), cuda=True)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings ---------------------------------------------------------
-    @grpc_errors
     async def trace_setting(self, request: Any, context: Any) -> Any:
         model = request.model_name
         if model and not self._service.model_ready(model):
@@ -222,23 +200,20 @@ class GrpcServicer:
             self._service.trace.update(model, control.trace_settings_update(request))
         return control.trace_settings_response(self._service.trace.get(model))
 
-    @grpc_errors
     async def log_settings(self, request: Any, context: Any) -> Any:
         if request.settings:
             self._service.update_log_settings(control.log_settings_update(request))
         return control.log_settings_response(self._service.log_settings)
 
 
-def _unary(method: Any, request_type: Any, response_type: Any) -> Any:
-    return grpc.unary_unary_rpc_method_handler(
-        method, request_deserializer=request_type.FromString,
-        response_serializer=response_type.SerializeToString,
-    )  # fmt: skip
+def _unary(method: Any, request_type: Any, response_type: Any) -> Method:
+    return Method(method, deserialize=request_type.FromString,
+                  serialize=response_type.SerializeToString)  # fmt: skip
 
 
-def method_handlers(s: GrpcServicer) -> dict[str, Any]:
-    """The service's method table; the two infer RPCs pass bytes through unparsed."""
-    return {
+def method_handlers(s: GrpcServicer) -> dict[str, Method]:
+    """The service's method table by path; the two infer RPCs pass bytes through unparsed."""
+    table = {
         "ServerLive": _unary(s.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
         "ServerReady": _unary(s.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
         "ModelReady": _unary(s.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
@@ -246,8 +221,8 @@ def method_handlers(s: GrpcServicer) -> dict[str, Any]:
                                  pb.ServerMetadataResponse),
         "ModelMetadata": _unary(s.model_metadata, pb.ModelMetadataRequest,
                                 pb.ModelMetadataResponse),
-        "ModelInfer": grpc.unary_unary_rpc_method_handler(s.model_infer),
-        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(s.model_stream_infer),
+        "ModelInfer": Method(s.model_infer),
+        "ModelStreamInfer": Method(s.model_stream_infer, streaming=True),
         "ModelConfig": _unary(s.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
         "ModelStatistics": _unary(s.model_statistics, pb.ModelStatisticsRequest,
                                   pb.ModelStatisticsResponse),
@@ -278,51 +253,12 @@ def method_handlers(s: GrpcServicer) -> dict[str, Any]:
         "TraceSetting": _unary(s.trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
         "LogSettings": _unary(s.log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
     }  # fmt: skip
+    return {f"/{SERVICE_NAME}/{name}": method for name, method in table.items()}
 
 
 def create_grpc_server(
-    service: InferenceService, address: str, uds_path: str | None = None
-) -> tuple[grpc.aio.Server, int]:
-    """An unstarted grpc.aio server for ``service`` bound to ``address``, and its bound port;
-    with ``uds_path``, also listening on that Unix socket (a stale socket file is replaced).
-
-    ``address`` may name port 0; the port the system picked is returned.
-    """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    handlers = method_handlers(GrpcServicer(service))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    port = _listen(server, address)
-    if uds_path is not None:
-        _remove_stale_socket(uds_path)
-        _listen(server, f"unix:{uds_path}")
-    return server, port
-
-
-def _listen(server: grpc.aio.Server, address: str) -> int:
-    try:
-        port = int(server.add_insecure_port(address))
-    except RuntimeError as exc:
-        raise FatalError(f"cannot listen for gRPC on {address}: {exc}") from None
-    if port == 0:
-        raise FatalError(f"cannot listen for gRPC on {address}")
-    return port
-
-
-def _remove_stale_socket(path: str) -> None:
-    """A socket file left by a server that died is removed; anything else is an error."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise FatalError(f"cannot listen for gRPC on unix:{path}: not a socket")
-    probe = socket.socket(socket.AF_UNIX)
-    try:
-        probe.connect(path)
-    except OSError:
-        os.unlink(path)  # nobody listens there
-    else:
-        raise FatalError(f"cannot listen for gRPC on unix:{path}: another server listens there")
-    finally:
-        probe.close()
+    service: InferenceService, host: str, port: int, uds_path: str | None = None
+) -> GrpcServer:
+    """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port); with
+    ``uds_path``, also on that Unix socket (a stale socket file is replaced)."""
+    return GrpcServer(method_handlers(GrpcServicer(service)), host, port, uds_path)

@@ -1,0 +1,341 @@
+"""gRPC over HTTP/2 (``h2.py``): calls, length-prefixed messages, status, deadlines.
+
+One :class:`GrpcConnection` per client connection; each stream is a call of a
+:class:`Method` from the server's table: unary (one message in, one out) or streaming
+both ways. A unary call's handler starts when its request has arrived whole, and its
+response (headers, message, trailers) leaves in one write. What gRPC over HTTP/2 says
+(grpc/doc/PROTOCOL-HTTP2.md) and this keeps: ``grpc-timeout`` ends the call with
+DEADLINE_EXCEEDED and cancels its handler; a client's RST_STREAM or a lost connection
+cancels it; messages compressed with gzip or deflate are accepted; errors are
+"trailers-only" responses with ``grpc-status`` and a percent-encoded ``grpc-message``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import socket
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+
+from dlserve.frontends.grpc import h2
+from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError, status_of
+
+if TYPE_CHECKING:
+    from dlserve.frontends.grpc.transport import GrpcServer
+
+log = logging.getLogger("dlserve.grpc")
+
+OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
+_HEAD_BLOCK: Final = h2.encode_headers((
+    (b":status", b"200"), (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+))  # fmt: skip
+_OK_TRAILERS: Final = h2.encode_headers(((b"grpc-status", b"0"),))
+_TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_NOT_METADATA: Final = frozenset(
+    ("content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding")
+)
+_END: Final = object()  # the client has sent its last message
+
+Parts = tuple[list[bytes | memoryview], int]  # a message as pieces, and its size
+Unary = Callable[[Any, "Context"], Awaitable[Any]]
+Streaming = Callable[[AsyncIterator[Any], "Context"], AsyncIterator[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One RPC: its handler, and how its messages become objects and back (None: bytes)."""
+
+    handler: Unary | Streaming
+    streaming: bool = False
+    deserialize: Callable[[memoryview], Any] | None = None
+    serialize: Callable[[Any], bytes] | None = None
+
+
+class Context:
+    """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
+
+    __slots__ = ("_metadata", "_peer")
+
+    def __init__(self, peer: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self._peer = peer
+        self._metadata = metadata
+
+    def peer(self) -> str:
+        """As gRPC writes it: "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path"."""
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+
+class Call:
+    __slots__ = ("buffer", "context", "deadline", "encoding", "inbox", "method",
+                 "remote_ended", "started", "stream_id", "task", "waiter")  # fmt: skip
+
+    def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
+        self.stream_id = stream_id
+        self.method = method
+        self.context = context
+        self.encoding = encoding
+        self.buffer = bytearray()  # a message arriving in pieces
+        self.inbox: deque[Any] = deque()  # whole messages (and _END) not yet taken
+        self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting
+        self.remote_ended = False
+        self.started = False  # response headers sent
+        self.task: asyncio.Task[None] | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+
+
+def _percent_encode(text: str) -> bytes:
+    return b"".join(
+        bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+        for b in text.encode("utf-8", "replace")
+    )
+
+
+def _trailers(code: int, message: str) -> bytes:
+    fields = [(b"grpc-status", str(code).encode())]
+    if message:
+        fields.append((b"grpc-message", _percent_encode(message)))
+    return h2.encode_headers(fields)
+
+
+def _peer_name(transport: asyncio.BaseTransport) -> str:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        return f"unix:{transport.get_extra_info('sockname') or ''}"
+    peer = transport.get_extra_info("peername")
+    if not peer:
+        return ""
+    if sock is not None and sock.family == socket.AF_INET6:
+        return f"ipv6:[{peer[0]}]:{peer[1]}"
+    return f"ipv4:{peer[0]}:{peer[1]}"
+
+
+def _timeout(text: str) -> float | None:
+    unit = _TIMEOUT_UNITS.get(text[-1:])
+    if unit is None or not text[:-1].isdigit():
+        return None
+    return int(text[:-1]) * unit
+
+
+class GrpcConnection(h2.Connection):
+    def __init__(self, server: GrpcServer) -> None:
+        super().__init__()
+        self.server = server
+        self.calls: dict[int, Call] = {}
+        self._peer = ""
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._peer = _peer_name(transport)
+        self.server.connections.add(self)
+        if self.server.stopping:
+            self.go_away()
+
+    def closed(self) -> None:
+        self.server.connections.discard(self)
+        for call in list(self.calls.values()):
+            self._cancel(call)
+        self.calls.clear()
+        self.server.check_drained()
+
+    # -- a call begins ------------------------------------------------------------------
+    def stream_opened(self, stream_id: int, headers: h2.Headers, end_stream: bool) -> None:
+        fields = dict(headers)
+        method = self.server.methods.get(fields.get(":path", ""))
+        if method is None or fields.get(":method") != "POST":
+            path = fields.get(":path", "")
+            self._refuse(stream_id, UNIMPLEMENTED, f"Method not found: {path}", end_stream)
+            return
+        if not fields.get("content-type", "").startswith("application/grpc"):
+            self._refuse(stream_id, UNIMPLEMENTED, "not a gRPC request", end_stream)
+            return
+        metadata = tuple(
+            (k, base64.b64decode(v + "==") if k.endswith("-bin") else v)
+            for k, v in headers
+            if not k.startswith(":") and k not in _NOT_METADATA
+        )
+        call = Call(stream_id, method, Context(self._peer, metadata),
+                    fields.get("grpc-encoding", "identity"))  # fmt: skip
+        self.calls[stream_id] = call
+        self.server.calls += 1
+        timeout = _timeout(fields.get("grpc-timeout", ""))
+        if timeout is not None:
+            call.deadline = self._loop.call_later(timeout, self._expire, call)
+        if method.streaming:
+            call.task = self._loop.create_task(self._run_streaming(call))
+        if end_stream:
+            self.stream_data(stream_id, b"", True)
+
+    def _refuse(self, stream_id: int, code: int, message: str, end_stream: bool) -> None:
+        self.send(stream_id, b"", (), self._trailers_only(code, message))
+        if not end_stream:
+            self.stop_reading(stream_id)
+
+    @staticmethod
+    def _trailers_only(code: int, message: str) -> bytes:
+        return _HEAD_BLOCK + _trailers(code, message)
+
+    # -- messages in --------------------------------------------------------------------
+    def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
+        buffer = call.buffer
+        if not buffer and len(data) >= 5 and int.from_bytes(data[1:5], "big") == len(data) - 5:
+            self._message(call, data[0], memoryview(data)[5:])  # the usual case: no copy
+        elif data:
+            buffer += data
+            while len(buffer) >= 5:
+                size = int.from_bytes(buffer[1:5], "big")
+                if len(buffer) < 5 + size:
+                    break
+                flag, message = buffer[0], bytes(buffer[5 : 5 + size])
+                del buffer[: 5 + size]
+                self._message(call, flag, memoryview(message))
+        if end_stream:
+            call.remote_ended = True
+            self._deliver(call, _END)
+
+    def _message(self, call: Call, flag: int, message: memoryview) -> None:
+        if flag:
+            try:
+                message = memoryview(self._decompress(call.encoding, message))
+            except RpcError as exc:
+                self._finish(call, *status_of(exc))
+                return
+        self._deliver(call, message)
+
+    @staticmethod
+    def _decompress(encoding: str, message: memoryview) -> bytes:
+        try:
+            if encoding == "gzip":
+                return zlib.decompress(message, 16 + zlib.MAX_WBITS)
+            if encoding == "deflate":
+                return zlib.decompress(message)
+        except zlib.error as exc:
+            raise RpcError(
+                grpc.StatusCode.INTERNAL, f"cannot decompress the message: {exc}"
+            ) from None
+        raise RpcError(
+            grpc.StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported"
+        )
+
+    def _deliver(self, call: Call, item: Any) -> None:
+        if call.method.streaming:
+            call.inbox.append(item)
+            if call.waiter is not None and not call.waiter.done():
+                call.waiter.set_result(None)
+        elif item is _END:
+            if call.task is None:
+                request = call.inbox.popleft() if len(call.inbox) == 1 else None
+                call.task = self._loop.create_task(self._run_unary(call, request))
+        else:
+            call.inbox.append(item)
+
+    async def _requests(self, call: Call) -> AsyncIterator[Any]:
+        deserialize = call.method.deserialize
+        while True:
+            while not call.inbox:
+                call.waiter = self._loop.create_future()
+                await call.waiter
+            item = call.inbox.popleft()
+            if item is _END:
+                return
+            yield deserialize(item) if deserialize is not None else item
+
+    # -- running a call -----------------------------------------------------------------
+    async def _run_unary(self, call: Call, request: memoryview | None) -> None:
+        method = call.method
+        try:
+            if request is None:
+                raise RpcError(
+                    grpc.StatusCode.UNIMPLEMENTED, "a unary call needs exactly one request message"
+                )
+            handler: Unary = method.handler  # type: ignore[assignment]
+            arg = method.deserialize(request) if method.deserialize is not None else request
+            response = await handler(arg, call.context)
+            payload = method.serialize(response) if method.serialize is not None else response
+        except asyncio.CancelledError:
+            self._finish(call, CANCELLED, "Cancelled")
+            raise
+        except Exception as exc:
+            self._finish(call, *status_of(exc))
+        else:
+            self._respond(call, payload, _OK_TRAILERS)
+
+    async def _run_streaming(self, call: Call) -> None:
+        method = call.method
+        handler: Streaming = method.handler  # type: ignore[assignment]
+        try:
+            async for response in handler(self._requests(call), call.context):
+                payload = method.serialize(response) if method.serialize is not None else response
+                self._respond(call, payload, None)
+        except asyncio.CancelledError:
+            self._finish(call, CANCELLED, "Cancelled")
+            raise
+        except Exception as exc:
+            self._finish(call, *status_of(exc))
+        else:
+            self._finish(call, OK, "")
+
+    def _respond(self, call: Call, payload: bytes | Parts, trailers: bytes | None) -> None:
+        """Send a response message (``Parts``: its pieces, not joined, and their size)."""
+        head = b""
+        if not call.started:
+            call.started = True
+            head = h2.frame(h2.HEADERS, h2.END_HEADERS, call.stream_id, _HEAD_BLOCK)
+        if isinstance(payload, tuple):
+            pieces, size = payload
+        else:
+            pieces, size = [payload], len(payload)
+        self.send(call.stream_id, head, [b"\x00" + size.to_bytes(4, "big"), *pieces], trailers)
+        if trailers is not None:
+            self._done(call)
+
+    def _finish(self, call: Call, code: int, message: str) -> None:
+        """End the call with a status (nothing happens if it has ended already)."""
+        if self.calls.get(call.stream_id) is not call:
+            return
+        block = _trailers(code, message) if call.started else self._trailers_only(code, message)
+        self.send(call.stream_id, b"", (), block)
+        self._done(call)
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+
+    def _done(self, call: Call) -> None:
+        if self.calls.pop(call.stream_id, None) is None:
+            return
+        if call.deadline is not None:
+            call.deadline.cancel()
+        if not call.remote_ended:
+            self.stop_reading(call.stream_id)
+        self.server.calls -= 1
+        self.server.check_drained()
+
+    def _expire(self, call: Call) -> None:
+        self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _cancel(self, call: Call) -> None:
+        if call.deadline is not None:
+            call.deadline.cancel()
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+        if self.calls.pop(call.stream_id, None) is not None:
+            self.server.calls -= 1
+
+    def stream_reset(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._cancel(call)
+            self.server.check_drained()
