@@ -276,8 +276,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         if where == m.Where.PAYLOAD:  # the usual small input: a view of the frame
             dtype = dtypes.BY_WIRE[ref.datatype]
             if not dtype.is_bytes:
-                raw = payload[ref.offset : ref.offset + ref.nbytes]
-                array = np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape)
+                array = np.ndarray(ref.shape, dtype.numpy_storage, payload, ref.offset)
                 tensor = pb_utils.Tensor._wrap(ref.name, array, dtype)
                 return self.gpu.place(tensor)
         elif where == m.Where.CUDA_REGION:
@@ -336,8 +335,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
     ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:
         """A response's outputs as refs (inline, output arena or client region), the inline
         buffers, and its parameters."""
-        wanted = set(msg.outputs)
-        targets = {t.name: t for t in msg.output_regions}
+        wanted = set(msg.outputs) if msg.outputs else None
+        targets = {t.name: t for t in msg.output_regions} if msg.output_regions else None
         refs: list[m.TensorRef] = []
         buffers: list[memoryview] = []
         offset = 0
