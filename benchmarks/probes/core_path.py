@@ -156,10 +156,15 @@ def run_http(requests: int) -> tuple[float, float]:
             client.infer("add_sub", inputs, outputs=outputs)
         samples: list[int] = []
         clock = time.perf_counter_ns
+        cpu = (_cpu_ns(server.pid), time.process_time_ns())
         for _ in range(requests):
             start = clock()
             client.infer("add_sub", inputs, outputs=outputs)
             samples.append(clock() - start)
+        server_cpu, client_cpu = _cpu_ns(server.pid) - cpu[0], time.process_time_ns() - cpu[1]
+        print(f"http cpu us per request: server process {server_cpu / requests / 1000:.1f} "
+              f"(its workers not counted), client {client_cpu / requests / 1000:.1f}",
+              file=sys.stderr)  # fmt: skip
         client.close()
     finally:
         server.terminate()
