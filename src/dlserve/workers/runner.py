@@ -94,6 +94,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         self._decoupled: bool | None = None  # from the config, once known
         self._started = 0  # the newest rid started (rids grow)
         self._cancelled_early: set[int] = set()  # cancelled before they started
+        self.link: link.WorkerLink | None = None  # the serve loop's, once loaded by it
 
     # -- loading ------------------------------------------------------------------------
     @property
@@ -198,7 +199,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         timings_start = time.monotonic_ns()
         if release:
             self.release(release)
-        worker = link.current()
+        worker = self.link if self.link is not None else link.current()
         cancelled, items = self._skip_cancelled(items, worker)
         if worker is not None:
             worker.upstream = upstream(items)
@@ -307,7 +308,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
     @staticmethod
     def _responses(responses: Any, count: int) -> list[pb_utils.InferenceResponse]:
         """execute()'s result checked: one InferenceResponse per request (Triton's messages)."""
-        if not isinstance(responses, list | tuple):
+        if not isinstance(responses, (list, tuple)):  # a tuple: no union object per call
             raise TritonError(
                 f"Expected a list in the execute return, found type '{type(responses).__name__}'."
             )
