@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,14 +47,55 @@ def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
     return p50, p99
 
 
-async def _core_loop(requests: int, profile: str | None) -> tuple[float, float]:
+BLS_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="add_sub", inputs=request.inputs(),
+                requested_output_names=["OUTPUT0", "OUTPUT1"],
+            )
+            response = call.exec()
+            if response.has_error():
+                raise pb_utils.TritonModelException(response.error().message())
+            responses.append(pb_utils.InferenceResponse(response.output_tensors()))
+        return responses
+"""
+
+
+def _bls_repository(root: Path) -> Path:
+    """examples' add_sub and ``bls_add_sub``, which passes its inputs on to add_sub (BLS)."""
+    shutil.copytree(EXAMPLES / "add_sub", root / "add_sub")
+    config = (EXAMPLES / "add_sub" / "config.pbtxt").read_text()
+    (root / "bls_add_sub" / "1").mkdir(parents=True)
+    (root / "bls_add_sub" / "config.pbtxt").write_text(
+        config.replace('name: "add_sub"', 'name: "bls_add_sub"')
+    )
+    (root / "bls_add_sub" / "1" / "model.py").write_text(BLS_MODEL)
+    return root
+
+
+async def _core_loop(requests: int, profile: str | None, model: str) -> tuple[float, float]:
     from dlserve.core.repository import Repository
     from dlserve.core.service import InferenceService, ServiceOptions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = EXAMPLES if model == "add_sub" else _bls_repository(Path(tmp))
+        options = ServiceOptions(model_control_mode="explicit", startup_models=[model, "add_sub"])
+        service = InferenceService(Repository(repository), options)
+        await service.startup()
+        return await _timed(service, requests, profile, model)
+
+
+async def _timed(
+    service: Any, requests: int, profile: str | None, model: str
+) -> tuple[float, float]:
     from dlserve.types import InferRequest, InputTensor
 
-    options = ServiceOptions(model_control_mode="explicit", startup_models=["add_sub"])
-    service = InferenceService(Repository(EXAMPLES), options)
-    await service.startup()
     a = np.arange(ELEMENTS, dtype=np.float32).tobytes()
     b = np.ones(ELEMENTS, dtype=np.float32).tobytes()
 
@@ -61,7 +104,7 @@ async def _core_loop(requests: int, profile: str | None) -> tuple[float, float]:
             InputTensor("INPUT0", "FP32", (ELEMENTS,), memoryview(a)),
             InputTensor("INPUT1", "FP32", (ELEMENTS,), memoryview(b)),
         ]
-        return InferRequest("add_sub", "", "", inputs, [])
+        return InferRequest(model, "", "", inputs, [])
 
     try:
         for _ in range(WARMUP):
@@ -74,7 +117,7 @@ async def _core_loop(requests: int, profile: str | None) -> tuple[float, float]:
             profiler.enable()
         samples: list[int] = []
         clock = time.perf_counter_ns
-        pool = service.version("add_sub").pool
+        pool = service.version(model).pool
         assert pool is not None
         worker_pid = getattr(pool.workers[0], "pid", None)
         cpu = (time.process_time_ns(), _cpu_ns(worker_pid))
@@ -91,7 +134,8 @@ async def _core_loop(requests: int, profile: str | None) -> tuple[float, float]:
             profiler.dump_stats(os.path.join(profile, f"core-{os.getpid()}.prof"))
         out0 = np.frombuffer(response.outputs[0].data or b"", dtype=np.float32)
         assert (out0 == np.arange(ELEMENTS) + 1).all(), out0
-        _print_breakdown(service.statistics("add_sub")[0])
+        for stats in service.statistics():
+            _print_breakdown(stats)
     finally:
         await service.shutdown()
     return _percentiles(samples)
@@ -115,16 +159,16 @@ def _print_breakdown(stats: Any) -> None:
              "compute_input": s.compute_input.ns, "compute_infer": s.compute_infer.ns,
              "compute_output (encode, send, wake, read)": s.compute_output.ns}  # fmt: skip
     text = ", ".join(f"{name} {ns / count / 1000:.1f}" for name, ns in parts.items())
-    print(f"core mean us: {text}", file=sys.stderr)
+    print(f"{stats.name} mean us: {text}", file=sys.stderr)
 
 
-def run_core(requests: int, profile: str | None) -> tuple[float, float]:
+def run_core(requests: int, profile: str | None, model: str = "add_sub") -> tuple[float, float]:
     from dlserve.server import asyncio_run
 
     result: list[tuple[float, float]] = []
 
     async def main() -> None:
-        result.append(await _core_loop(requests, profile))
+        result.append(await _core_loop(requests, profile, model))
 
     asyncio_run(main())
     return result[0]
@@ -173,6 +217,8 @@ def run_http(requests: int) -> tuple[float, float]:
 
 
 def _one(mode: str, requests: int, profile: str | None) -> tuple[float, float]:
+    if mode == "bls":
+        return run_core(requests, profile, "bls_add_sub")
     return run_core(requests, profile) if mode == "core" else run_http(requests)
 
 
