@@ -58,10 +58,7 @@ class Server:
                 in_process=options.in_process_workers, busy_poll_us=options.busy_poll_us
             ),
             allow_client_shm=options.allow_client_shm,
-            owners=OwnerOptions(
-                uds_paths=(options.grpc_uds,) if options.grpc_uds else (),
-                idle_timeout=options.shm_idle_timeout,
-            ),
+            owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
         self._http = HttpServer(

@@ -1,7 +1,7 @@
 """Who owns a region, and reclaiming it when its owner exits, without a server.
 
-- procfs: the process at the other end of a real loopback TCP connection and of a real
-  Unix-socket connection (SO_PEERCRED), this process's own and a child's;
+- procfs: the process at the other end of a real loopback TCP connection, this process's
+  own and a child's (a Unix socket's peer is told by the frontend: SO_PEERCRED);
 - RegionOwners: a child process's exit, seen through its pidfd, unregisters its regions
   (in use: once the request ends) and counts them; the polling fallback does the same;
   a claimed pid is believed only when the OS confirms it; idle regions are dropped;
@@ -77,20 +77,6 @@ def test_tcp_peer_in_a_child_process() -> None:
             with accepted:
                 assert procfs.tcp_peer_processes(*peer) == {child.pid}
             child.kill()
-
-
-def test_unix_peer_credentials(tmp_path: Path) -> None:
-    path = str(tmp_path / "s.sock")
-    with socket.socket(socket.AF_UNIX) as listener:
-        listener.bind(path)
-        listener.listen()
-        assert procfs.unix_peer_processes([path]) == set()
-        with socket.socket(socket.AF_UNIX) as client:
-            client.connect(path)
-            accepted, _ = listener.accept()
-            with accepted:
-                assert procfs.unix_peer_processes([path]) == {os.getpid()}
-                assert procfs.unix_peer_processes([path + ".other"]) == set()
 
 
 def _request(region: str) -> InferRequest:
@@ -187,7 +173,7 @@ def test_a_dead_owner_is_reclaimed_at_once(key: str) -> None:
 
 def test_claimed_pids_are_checked(tmp_path: Path) -> None:
     async def main() -> None:
-        owners = RegionOwners([], OwnerOptions(uds_paths=(str(tmp_path / "s.sock"),)))
+        owners = RegionOwners([], OwnerOptions())
         assert await owners.owners_of(None) == set()
         assert await owners.owners_of(Peer("10.0.0.1", 5, 1)) == set()  # remote
         with (
@@ -198,7 +184,9 @@ def test_claimed_pids_are_checked(tmp_path: Path) -> None:
             with accepted:
                 # the only holder is this process, which is the server: nobody
                 assert await owners.owners_of(Peer(address, port)) == set()
-        assert await owners.owners_of(Peer(None, pid=1)) == set()  # not a peer: not believed
+        assert await owners.owners_of(Peer(None, pid=1)) == set()  # a claim alone: not believed
+        assert await owners.owners_of(Peer(None, connection_pid=1)) == {1}  # the socket's word
+        assert await owners.owners_of(Peer(None, connection_pid=os.getpid())) == set()
 
     asyncio.run(main())
 

@@ -243,6 +243,30 @@ def test_uds_with_several_clients_believes_a_confirmed_claim(
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
+def test_uds_with_several_unmodified_clients_knows_whose_region_it_is(
+    server: RunningServer, uds_dir: str
+) -> None:
+    """Two tritonclient processes on the socket, neither saying its pid: the register call's
+    own connection names its process (SO_PEERCRED), so the killed one's region goes and
+    the other's stays."""
+    url = f"unix:{uds_dir}/grpc.sock"
+    with (
+        subprocess.Popen(
+            [sys.executable, "-c", BYSTANDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        ) as bystander,
+        owner_process("grpc", url, 1) as survivor,
+    ):
+        assert bystander.stdout is not None
+        assert bystander.stdout.readline().strip() == b"connected"
+        with owner_process("grpc", url, 1) as doomed:
+            assert set(doomed.names + survivor.names) <= registered(server)
+            doomed.process.send_signal(signal.SIGKILL)
+            doomed.process.wait()
+            wait_until(lambda: doomed.names[0] not in registered(server), RECLAIM_DEADLINE_S)
+        assert survivor.names[0] in registered(server)
+        bystander.kill()
+
+
 def test_a_region_in_use_when_its_owner_dies_goes_when_the_request_ends(
     server: RunningServer, tmp_path: Path
 ) -> None:

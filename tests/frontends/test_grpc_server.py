@@ -17,14 +17,18 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import uvloop
 
 from dlserve.errors import FatalError, NotFoundError
-from dlserve.frontends.grpc.rpc import Context, Method
+from dlserve.frontends.grpc import h2, hpack_codec
+from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer
 
 DEADLINE_S = 60.0
+FLOOD = 64  # responses of 1 MiB
+TENSOR = np.arange(3 * 50_000, dtype=np.float32).reshape(3, 50_000)
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -39,6 +43,8 @@ class Probe:
         self.finished = threading.Event()
         self.metadata: tuple[tuple[str, str | bytes], ...] = ()
         self.peer = ""
+        self.server: GrpcServer | None = None
+        self.most_queued = 0  # by a Flood call, seen each time it goes on
 
     def release(self) -> None:
         self.loop.call_soon_threadsafe(self.gate.set)
@@ -71,7 +77,32 @@ def methods(probe: Probe) -> dict[str, Method]:
                 raise NotFoundError("asked to fail")
             yield bytes(request) * 2
 
+    async def flood(requests: AsyncIterator[memoryview], context: Context) -> AsyncIterator[bytes]:
+        async for _ in requests:
+            pass
+        for index in range(FLOOD):
+            assert probe.server is not None
+            queued = [s.queued for c in probe.server.connections for s in c.streams.values()]
+            probe.most_queued = max(probe.most_queued, *queued, 0)
+            yield bytes([index]) * 2**20
+
+    async def tensor(request: memoryview, context: Context) -> Parts:
+        view = memoryview(TENSOR)  # a typed, shaped view, as a model's output is
+        return [b"head:", view], 5 + view.nbytes
+
+    async def gated_sink(
+        requests: AsyncIterator[memoryview], context: Context
+    ) -> AsyncIterator[bytes]:
+        await probe.gate.wait()
+        count = 0
+        async for _ in requests:
+            count += 1
+        yield str(count).encode()
+
     return {
+        "/t.S/GatedSink": Method(gated_sink, streaming=True),
+        "/t.S/Tensor": Method(tensor),
+        "/t.S/Flood": Method(flood, streaming=True),
         "/t.S/Echo": Method(echo),
         "/t.S/Held": Method(held),
         "/t.S/NotFound": Method(not_found),
@@ -85,6 +116,7 @@ def serving(uds_path: str | None = None) -> Iterator[tuple[GrpcServer, int, Prob
     loop = uvloop.new_event_loop()
     probe = Probe(loop)
     server = GrpcServer(methods(probe), "127.0.0.1", 0, uds_path)
+    probe.server = server
     port = loop.run_until_complete(server.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -122,6 +154,12 @@ def test_echo_of_any_size(served: tuple[GrpcServer, grpc.Channel, Probe], size: 
     _, channel, _ = served
     payload = os.urandom(size)
     assert _call(channel, "Echo")(payload, timeout=DEADLINE_S) == payload
+
+
+def test_a_response_of_typed_views(served: tuple[GrpcServer, grpc.Channel, Probe]) -> None:
+    """Pieces that are a tensor's own views (float32, two dimensions) go as their bytes."""
+    _, channel, _ = served
+    assert _call(channel, "Tensor")(b"", timeout=DEADLINE_S) == b"head:" + TENSOR.tobytes()
 
 
 def test_concurrent_calls_on_one_connection(served: tuple[GrpcServer, grpc.Channel, Probe]) -> None:
@@ -272,3 +310,126 @@ def test_garbage_closes_only_its_connection(garbage: bytes) -> None:
                 while sock.recv(65536):  # until the server closes it
                     pass
         assert _call(channel, "Echo")(b"after", timeout=DEADLINE_S) == b"after"
+
+
+def _raw_frames(sock: socket.socket) -> Iterator[tuple[int, int, int, bytes]]:
+    """Frames (type, flags, stream, payload) the server sends, until it closes."""
+    buffer = b""
+    while True:
+        while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
+            size = int.from_bytes(buffer[:3], "big")
+            stream = int.from_bytes(buffer[5:9], "big")
+            yield buffer[3], buffer[4], stream, buffer[9 : 9 + size]
+            buffer = buffer[9 + size :]
+        chunk = sock.recv(65536)
+        if not chunk:
+            return
+        buffer += chunk
+
+
+def test_a_message_larger_than_the_limit_is_refused() -> None:
+    """A length prefix over 2 GiB - 1 ends the call with RESOURCE_EXHAUSTED before any
+    of its bytes are kept (a raw HTTP/2 client: grpcio will not send such a prefix)."""
+    request_headers = hpack_codec.encode([
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Echo"),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"),
+    ])  # fmt: skip
+    with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(
+            h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_headers)
+            + h2.frame(h2.DATA, 0, 1, b"\x00\x80\x00\x00\x00" + bytes(100))
+        )  # fmt: skip
+        decoder = hpack_codec.Decoder()
+        for kind, _, stream, payload in _raw_frames(sock):
+            if kind == h2.HEADERS and stream == 1:
+                fields = dict(decoder.decode(payload))
+                break
+    assert fields["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    assert "larger than max (2147483648 vs. 2147483647)" in fields["grpc-message"]
+
+
+def _window_update(stream: int, size: int) -> bytes:
+    return h2.frame(h2.WINDOW_UPDATE, 0, stream, size.to_bytes(4, "big"))
+
+
+def test_a_slow_reader_holds_back_its_stream() -> None:
+    """A client that reads slowly (64 KiB windows, given back as it reads) makes a streaming
+    handler wait: no more than HIGH_WATER bytes queue up for it, and nothing is lost."""
+    request_headers = hpack_codec.encode([
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Flood"),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"),
+    ])  # fmt: skip
+    with serving() as (_, port, probe), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(
+            h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, b"\x00\x04" + (65535).to_bytes(4, "big"))
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_headers)
+            + h2.frame(h2.DATA, h2.END_STREAM, 1, b"\x00" + bytes(4))
+        )  # fmt: skip
+        received = bytearray()
+        for kind, flags, stream, payload in _raw_frames(sock):
+            if kind == h2.DATA and stream == 1:
+                received += payload
+                sock.sendall(_window_update(0, len(payload)) + _window_update(1, len(payload)))
+            elif kind == h2.HEADERS and stream == 1 and flags & h2.END_STREAM:
+                break
+    messages = []
+    while received:
+        size = int.from_bytes(received[1:5], "big")
+        messages.append(bytes(received[5 : 5 + size]))
+        del received[: 5 + size]
+    assert messages == [bytes([index]) * 2**20 for index in range(FLOOD)]
+    assert probe.most_queued <= h2.HIGH_WATER
+
+
+def _request_head(path: bytes) -> bytes:
+    return hpack_codec.encode([
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"),
+    ])  # fmt: skip
+
+
+def _until(frames: Iterator[tuple[int, int, int, bytes]], kind: int, stream: int) -> list[int]:
+    """Read frames up to the first of ``kind`` on ``stream``; the kinds seen on stream 1."""
+    seen = []
+    for got_kind, _, got_stream, _ in frames:
+        if got_stream == 1:
+            seen.append(got_kind)
+        if (got_kind, got_stream) == (kind, stream):
+            return seen
+    raise AssertionError("the server closed the connection")
+
+
+def test_a_stream_the_handler_does_not_read_gets_no_more_window() -> None:
+    """Messages the handler has not taken hold back the client: their window is given back
+    only as the handler takes them (a PING's answer shows what the server did meanwhile)."""
+    message = b"\x00" + (2**20 - 5).to_bytes(4, "big") + bytes(2**20 - 5)
+    with serving() as (_, port, probe), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        frames = _raw_frames(sock)
+        sock.sendall(
+            h2.PREFACE
+            + h2.frame(h2.SETTINGS, 0, 0)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, _request_head(b"/t.S/GatedSink"))
+        )
+        for _ in range(h2.STREAM_WINDOW // 2**20):  # all the window the stream has
+            for at in range(0, len(message), 16384):
+                sock.sendall(h2.frame(h2.DATA, 0, 1, message[at : at + 16384]))
+        sock.sendall(h2.frame(h2.PING, 0, 0, bytes(8)))
+        assert h2.WINDOW_UPDATE not in _until(frames, h2.PING, 0)
+        probe.release()
+        assert h2.WINDOW_UPDATE in _until(frames, h2.WINDOW_UPDATE, 1)
+        sock.sendall(h2.frame(h2.DATA, h2.END_STREAM, 1, message))
+        _until(frames, h2.DATA, 1)
+
+
+def test_an_endless_header_block_closes_the_connection() -> None:
+    with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(h2.PREFACE + h2.frame(h2.HEADERS, 0, 1, _request_head(b"/t.S/Echo")))
+        for _ in range(h2.MAX_HEADER_BLOCK // 16384):  # the last one goes past the limit
+            sock.sendall(h2.frame(h2.CONTINUATION, 0, 1, b"\x40" * 16384))
+        goaway = [p for kind, _, _, p in _raw_frames(sock) if kind == h2.GOAWAY]
+    assert int.from_bytes(goaway[0][4:8], "big") == h2.ENHANCE_YOUR_CALM

@@ -48,7 +48,6 @@ class Reclaimable(Protocol):
 
 @dataclass(slots=True)
 class OwnerOptions:
-    uds_paths: tuple[str, ...] = ()  # where gRPC listens on Unix sockets
     idle_timeout: float | None = None  # seconds; None: regions never idle out
 
 
@@ -84,18 +83,16 @@ class RegionOwners:
         """The local processes a register call from ``peer`` came from (empty: unknown)."""
         if peer is None:
             return set()
-        if peer.address is None:
-            paths = self.options.uds_paths
-            candidates = await asyncio.to_thread(procfs.unix_peer_processes, paths)
-        elif peer.port is not None and is_local(peer):
+        if peer.address is None:  # a Unix socket: its connection said who it is
+            pid = peer.connection_pid
+            return {pid} if pid is not None and pid != os.getpid() else set()
+        if peer.port is not None and is_local(peer):
             candidates = await asyncio.to_thread(procfs.tcp_peer_processes, peer.address, peer.port)
         else:
             return set()
         candidates.discard(os.getpid())
         if peer.pid is not None and peer.pid in candidates:
             return {peer.pid}
-        if peer.address is None and len(candidates) > 1:
-            return set()  # several clients on the socket, none said which it is
         return candidates
 
     def watch(self, pids: Iterable[int]) -> None:

@@ -3,9 +3,7 @@
 - loopback TCP: the peer's socket is the entry of ``/proc/net/tcp{,6}`` whose local address
   is the peer's address and port; the processes holding it are those with a descriptor
   ``socket:[inode]`` in ``/proc/*/fd``.
-- Unix socket: gRPC does not say which of its connections a call came on, so the candidates
-  are the peers (SO_PEERCRED) of every connection this process accepted on the listening
-  path; a client's own word (its pid) is believed only when it is one of them.
+- (a Unix socket needs no /proc: the frontend asks the call's own connection, SO_PEERCRED)
 
 Only processes of the server's user (or every process, for root) can be seen; a peer that
 cannot be seen has no owner, and its regions are never reclaimed by owner exit.
@@ -15,15 +13,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
-import struct
 from collections.abc import Collection, Iterable
 from typing import Final
 
 PROC: Final = "/proc"
 TCP_ESTABLISHED: Final = "01"
-UNIX_CONNECTED: Final = "03"
-_PEERCRED: Final = struct.Struct("3i")  # pid, uid, gid
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -138,44 +132,3 @@ def _holds(pid: int, inode: int) -> bool:
         except OSError:
             continue
     return False
-
-
-def _unix_connections(paths: Collection[str]) -> set[int]:
-    """Inodes of the connected Unix sockets bound to one of ``paths`` (accepted ones)."""
-    found: set[int] = set()
-    try:
-        with open(os.path.join(PROC, "net", "unix")) as lines:
-            next(lines, None)
-            for line in lines:
-                fields = line.rstrip("\n").split(maxsplit=7)
-                if len(fields) == 8 and fields[5] == UNIX_CONNECTED and fields[7] in paths:
-                    found.add(int(fields[6]))
-    except OSError:
-        pass
-    return found
-
-
-def unix_peer_processes(paths: Collection[str]) -> set[int]:
-    """The processes connected to this process on a Unix socket listening at ``paths``,
-    each told by SO_PEERCRED on the accepted connection."""
-    inodes = {f"socket:[{inode}]" for inode in _unix_connections(set(paths))}
-    pids: set[int] = set()
-    directory = os.path.join(PROC, "self", "fd")
-    for name in os.listdir(directory):
-        try:
-            if os.readlink(os.path.join(directory, name)) not in inodes:
-                continue
-            pid = _peer_pid(int(name))
-        except OSError:
-            continue
-        if pid > 0:
-            pids.add(pid)
-    return pids
-
-
-def _peer_pid(fd: int) -> int:
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        pid, _, _ = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
-    return int(pid)

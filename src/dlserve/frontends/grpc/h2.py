@@ -6,11 +6,10 @@ polling thread and the event loop. Here a request's frames are parsed in
 ``data_received`` and its response leaves in one ``transport.write``.
 
 What it does: the connection preface and SETTINGS (both ways), PING answered at once,
-HEADERS with CONTINUATION, padding and priority (header blocks decoded with ``hpack``),
+HEADERS with CONTINUATION, padding and priority (header blocks: ``hpack_codec.py``),
 DATA, flow control both ways (large receive windows, replenished as data arrives; sends
 wait for the client's window), RST_STREAM, GOAWAY both ways. Not: server push, priority
-scheduling, h2c upgrade, TLS. Header blocks are encoded without the dynamic table
-(:func:`encode_headers`), so the encoder keeps no state.
+scheduling, h2c upgrade, TLS.
 
 ``Connection`` knows nothing of gRPC: the subclass in ``rpc.py`` gets
 :meth:`Connection.stream_opened`, :meth:`~Connection.stream_data`,
@@ -25,7 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final, cast
 
-import hpack
+from dlserve.frontends.grpc import hpack_codec
 
 log = logging.getLogger("dlserve.grpc")
 
@@ -34,48 +33,33 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = rang
 WINDOW_UPDATE, CONTINUATION = 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
-CANCEL, COMPRESSION_ERROR = 0x8, 0x9
+CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x9, 0xB
 
 MAX_WINDOW: Final = 2**31 - 1
 MAX_FRAME: Final = 2**24 - 1  # the largest frame the client may send us
-_REPLENISH: Final = 2**30  # give window back once this much has been consumed
+MAX_HEADER_BLOCK: Final = 2**20  # gRPC's own default limit on metadata is 8 KiB
+HIGH_WATER: Final = 4 * 2**20  # queued bytes of a stream past which its producer waits
+_REPLENISH: Final = 2**30  # give the connection's window back once this much has come
+STREAM_WINDOW: Final = 16 * 2**20  # what a client may send on a stream before we take it
+_STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _SETTING_INITIAL_WINDOW, _SETTING_MAX_FRAME = 0x4, 0x5
 _OUR_SETTINGS: Final = (
-    _SETTING_INITIAL_WINDOW.to_bytes(2, "big") + MAX_WINDOW.to_bytes(4, "big")
+    _SETTING_INITIAL_WINDOW.to_bytes(2, "big") + STREAM_WINDOW.to_bytes(4, "big")
     + _SETTING_MAX_FRAME.to_bytes(2, "big") + MAX_FRAME.to_bytes(4, "big")
 )  # fmt: skip
 
-Headers = list[tuple[str, str]]
+Headers = hpack_codec.Headers
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return (len(payload) << 48 | kind << 40 | flags << 32 | stream_id).to_bytes(9, "big") + payload
 
 
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def encode_headers(headers: Sequence[tuple[bytes, bytes]]) -> bytes:
-    """A header block of literals "without indexing" (RFC 7541 6.2.2), ``:status 200``
-    as its static-table index: no dynamic table, so no encoder state."""
-    out = bytearray()
-    for name, value in headers:
-        if name == b":status" and value == b"200":
-            out.append(0x88)
-            continue
-        out += b"\x00" + _hpack_int(len(name), 7, 0) + name
-        out += _hpack_int(len(value), 7, 0) + value
-    return bytes(out)
+def _bytes_view(piece: memoryview | bytes) -> memoryview | bytes:
+    """A piece of a message as bytes: a typed or shaped view (a tensor's) is recast."""
+    if isinstance(piece, memoryview) and (piece.ndim != 1 or piece.format != "B"):
+        return piece.cast("B")
+    return piece
 
 
 class ProtocolError(Exception):
@@ -87,7 +71,8 @@ class ProtocolError(Exception):
 class StreamState:
     """One stream's flow-control and outgoing state, as the connection keeps it."""
 
-    __slots__ = ("ended", "header_block", "out", "recv_pending", "send_window", "stream_id")
+    __slots__ = ("drain_waiter", "ended", "header_block", "out", "queued", "recv_pending",
+                 "send_window", "stream_id")  # fmt: skip
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.stream_id = stream_id
@@ -97,6 +82,13 @@ class StreamState:
         self.header_block: bytearray | None = None  # a block waiting for CONTINUATION
         # what waits for the client's window: data pieces, or a frame that needs none
         self.out: deque[memoryview | bytes | tuple[bytes]] = deque()
+        self.queued = 0  # data bytes in ``out``
+        self.drain_waiter: asyncio.Future[None] | None = None  # a producer waiting on it
+
+    def wake(self) -> None:
+        waiter, self.drain_waiter = self.drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class Connection(asyncio.Protocol):
@@ -111,9 +103,7 @@ class Connection(asyncio.Protocol):
         self._partial_size = 0
         self._needed = 0  # bytes the partial frame needs in all
         self._preface = False
-        self._decoder = hpack.Decoder()
-        self._decoder.max_allowed_table_size = 65536
-        self._decoder.max_header_list_size = MAX_FRAME
+        self._decoder = hpack_codec.Decoder()
         self._peer_window = 65535  # the client's initial stream window for what we send
         self._peer_max_frame = 16384
         self._send_window = 65535  # the connection's window for what we send
@@ -145,6 +135,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        for stream in self.streams.values():
+            stream.wake()
         self.streams.clear()
         self._blocked.clear()
         self.closed()
@@ -222,8 +214,9 @@ class Connection(asyncio.Protocol):
             if not flags & ACK:
                 self._write(frame(PING, ACK, 0, bytes(payload)))
         elif kind == RST_STREAM:
-            if self.streams.pop(stream_id, None) is not None:
+            if (stream := self.streams.pop(stream_id, None)) is not None:
                 self._blocked.pop(stream_id, None)
+                stream.wake()
                 self.stream_reset(stream_id)
         elif kind == GOAWAY:
             self.going_away = True
@@ -247,10 +240,21 @@ class Connection(asyncio.Protocol):
         if stream is None:
             return  # a stream we already answered or reset: its data is dropped
         stream.recv_pending += len(payload)
-        if stream.recv_pending >= _REPLENISH:
+        self.stream_data(stream_id, self._strip(flags, payload), bool(flags & END_STREAM))
+        if stream.recv_pending >= _STREAM_REPLENISH and not self.holding(stream_id):
+            self.give_back(stream_id)
+
+    def holding(self, stream_id: int) -> bool:
+        """Whether what arrived on the stream waits to be taken: its window is not given
+        back until :meth:`give_back` (a reader that does not keep up holds back its writer)."""
+        return False
+
+    def give_back(self, stream_id: int) -> None:
+        """Let the client send as much again as it has sent since the last time."""
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.recv_pending >= _STREAM_REPLENISH:
             self._write(frame(WINDOW_UPDATE, 0, stream_id, stream.recv_pending.to_bytes(4, "big")))
             stream.recv_pending = 0
-        self.stream_data(stream_id, self._strip(flags, payload), bool(flags & END_STREAM))
 
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         payload = self._strip(flags, payload)
@@ -281,6 +285,8 @@ class Connection(asyncio.Protocol):
         if stream is None or stream.stream_id != stream_id or stream.header_block is None:
             raise ProtocolError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
         stream.header_block += payload
+        if len(stream.header_block) > MAX_HEADER_BLOCK:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
         if flags & END_HEADERS:
             self._end_headers(stream)
 
@@ -295,8 +301,8 @@ class Connection(asyncio.Protocol):
 
     def _decode(self, block: bytes | memoryview, flags: int) -> Headers:
         try:
-            return [(str(k), str(v)) for k, v in self._decoder.decode(bytes(block))]
-        except hpack.HPACKError as exc:
+            return self._decoder.decode(bytes(block))
+        except hpack_codec.HpackError as exc:
             raise ProtocolError(COMPRESSION_ERROR, f"bad header block: {exc}") from None
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
@@ -344,6 +350,7 @@ class Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended or self.transport is None:
             return
+        data = [_bytes_view(piece) for piece in data]
         size = sum(len(piece) for piece in data)
         if not stream.out and size <= min(self._send_window, stream.send_window,
                                           self._peer_max_frame):  # fmt: skip
@@ -361,9 +368,18 @@ class Connection(asyncio.Protocol):
         if head:
             stream.out.append((head,))
         stream.out.extend(memoryview(piece) for piece in data if len(piece))
+        stream.queued += size
         if tail is not None:
             stream.out.append((frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail),))
         self._flush(stream)
+
+    async def drained(self, stream_id: int) -> None:
+        """Wait while more than ``HIGH_WATER`` bytes of the stream wait for the client's
+        window: a producer (a streaming call's responses) goes no faster than its reader."""
+        stream = self.streams.get(stream_id)
+        while stream is not None and stream.queued > HIGH_WATER and self.transport is not None:
+            stream.drain_waiter = asyncio.get_running_loop().create_future()
+            await stream.drain_waiter
 
     def stop_reading(self, stream_id: int) -> None:
         """After the response has gone: tell a client still sending that we need no more
@@ -372,13 +388,11 @@ class Connection(asyncio.Protocol):
             self._write(frame(RST_STREAM, 0, stream_id, bytes(4)))
 
     def _end(self, stream: StreamState) -> None:
+        """We have sent the stream's END_STREAM: it is gone."""
         stream.ended = True
         self._blocked.pop(stream.stream_id, None)
-        self.stream_ended(stream.stream_id)
-
-    def stream_ended(self, stream_id: int) -> None:
-        """We have sent the stream's END_STREAM; the subclass decides whether it is gone."""
-        self.streams.pop(stream_id, None)
+        self.streams.pop(stream.stream_id, None)
+        stream.wake()
 
     def _flush(self, stream: StreamState) -> None:
         out: list[bytes | memoryview] = []
@@ -406,10 +420,13 @@ class Connection(asyncio.Protocol):
                 size += len(view)
             self._send_window -= size
             stream.send_window -= size
+            stream.queued -= size
             out.append((size << 48 | stream.stream_id).to_bytes(9, "big"))
             out.extend(pieces)
         if out and self.transport is not None:
             self.transport.writelines(out)
+        if stream.queued <= HIGH_WATER:
+            stream.wake()
 
     def _flush_blocked(self) -> None:
         for stream in list(self._blocked.values()):

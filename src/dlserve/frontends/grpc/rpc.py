@@ -16,6 +16,7 @@ import asyncio
 import base64
 import logging
 import socket
+import struct
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
-from dlserve.frontends.grpc import h2
+from dlserve.frontends.grpc import h2, hpack_codec
 from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError, status_of
 
 if TYPE_CHECKING:
@@ -33,15 +34,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("dlserve.grpc")
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
-_HEAD_BLOCK: Final = h2.encode_headers((
+RESOURCE_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+MAX_MESSAGE: Final = 2**31 - 1  # as Triton: protobuf's own limit
+_TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
+_HEAD_BLOCK: Final = hpack_codec.encode((
     (b":status", b"200"), (b"content-type", b"application/grpc"),
     (b"grpc-accept-encoding", b"identity,deflate,gzip"),
 ))  # fmt: skip
-_OK_TRAILERS: Final = h2.encode_headers(((b"grpc-status", b"0"),))
+_OK_TRAILERS: Final = hpack_codec.encode(((b"grpc-status", b"0"),))
 _TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _NOT_METADATA: Final = frozenset(
     ("content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding")
 )
+_PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _END: Final = object()  # the client has sent its last message
 
 Parts = tuple[list[bytes | memoryview], int]  # a message as pieces, and its size
@@ -62,22 +67,32 @@ class Method:
 class Context:
     """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
 
-    __slots__ = ("_metadata", "_peer")
+    __slots__ = ("_headers", "_peer", "_peer_pid")
 
-    def __init__(self, peer: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+    def __init__(self, peer: str, headers: h2.Headers, peer_pid: int | None) -> None:
         self._peer = peer
-        self._metadata = metadata
+        self._headers = headers
+        self._peer_pid = peer_pid
 
     def peer(self) -> str:
         """As gRPC writes it: "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path"."""
         return self._peer
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self._metadata
+        """The call's custom headers (``-bin`` ones decoded), made when asked for."""
+        return tuple(
+            (k, base64.b64decode(v + "==") if k.endswith("-bin") else v)
+            for k, v in self._headers
+            if not k.startswith(":") and k not in _NOT_METADATA
+        )
+
+    def peer_pid(self) -> int | None:
+        """The process at the other end of a Unix-socket connection (SO_PEERCRED)."""
+        return self._peer_pid
 
 
 class Call:
-    __slots__ = ("buffer", "context", "deadline", "encoding", "inbox", "method",
+    __slots__ = ("buffer", "context", "deadline", "encoding", "inbox", "inbox_bytes", "method",
                  "remote_ended", "started", "stream_id", "task", "waiter")  # fmt: skip
 
     def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
@@ -87,6 +102,7 @@ class Call:
         self.encoding = encoding
         self.buffer = bytearray()  # a message arriving in pieces
         self.inbox: deque[Any] = deque()  # whole messages (and _END) not yet taken
+        self.inbox_bytes = 0
         self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting
         self.remote_ended = False
         self.started = False  # response headers sent
@@ -105,7 +121,19 @@ def _trailers(code: int, message: str) -> bytes:
     fields = [(b"grpc-status", str(code).encode())]
     if message:
         fields.append((b"grpc-message", _percent_encode(message)))
-    return h2.encode_headers(fields)
+    return hpack_codec.encode(fields)
+
+
+def _peer_pid(transport: asyncio.BaseTransport) -> int | None:
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return None
+    pid = int(_PEERCRED.unpack(credentials)[0])
+    return pid if pid > 0 else None
 
 
 def _peer_name(transport: asyncio.BaseTransport) -> str:
@@ -133,11 +161,13 @@ class GrpcConnection(h2.Connection):
         self.server = server
         self.calls: dict[int, Call] = {}
         self._peer = ""
+        self._peer_pid: int | None = None
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._peer = _peer_name(transport)
+        self._peer_pid = _peer_pid(transport)
         self.server.connections.add(self)
         if self.server.stopping:
             self.go_away()
@@ -160,12 +190,7 @@ class GrpcConnection(h2.Connection):
         if not fields.get("content-type", "").startswith("application/grpc"):
             self._refuse(stream_id, UNIMPLEMENTED, "not a gRPC request", end_stream)
             return
-        metadata = tuple(
-            (k, base64.b64decode(v + "==") if k.endswith("-bin") else v)
-            for k, v in headers
-            if not k.startswith(":") and k not in _NOT_METADATA
-        )
-        call = Call(stream_id, method, Context(self._peer, metadata),
+        call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
                     fields.get("grpc-encoding", "identity"))  # fmt: skip
         self.calls[stream_id] = call
         self.server.calls += 1
@@ -198,9 +223,13 @@ class GrpcConnection(h2.Connection):
             buffer += data
             while len(buffer) >= 5:
                 size = int.from_bytes(buffer[1:5], "big")
+                if size > MAX_MESSAGE:
+                    self._finish(call, RESOURCE_EXHAUSTED, _TOO_LARGE.format(size, MAX_MESSAGE))
+                    return
                 if len(buffer) < 5 + size:
                     break
-                flag, message = buffer[0], bytes(buffer[5 : 5 + size])
+                with memoryview(buffer) as view:
+                    flag, message = buffer[0], bytes(view[5 : 5 + size])
                 del buffer[: 5 + size]
                 self._message(call, flag, memoryview(message))
         if end_stream:
@@ -234,6 +263,8 @@ class GrpcConnection(h2.Connection):
     def _deliver(self, call: Call, item: Any) -> None:
         if call.method.streaming:
             call.inbox.append(item)
+            if item is not _END:
+                call.inbox_bytes += len(item)
             if call.waiter is not None and not call.waiter.done():
                 call.waiter.set_result(None)
         elif item is _END:
@@ -252,7 +283,14 @@ class GrpcConnection(h2.Connection):
             item = call.inbox.popleft()
             if item is _END:
                 return
+            call.inbox_bytes -= len(item)
+            if call.inbox_bytes <= h2.HIGH_WATER:
+                self.give_back(call.stream_id)
             yield deserialize(item) if deserialize is not None else item
+
+    def holding(self, stream_id: int) -> bool:
+        call = self.calls.get(stream_id)
+        return call is not None and call.inbox_bytes > h2.HIGH_WATER
 
     # -- running a call -----------------------------------------------------------------
     async def _run_unary(self, call: Call, request: memoryview | None) -> None:
@@ -281,6 +319,7 @@ class GrpcConnection(h2.Connection):
             async for response in handler(self._requests(call), call.context):
                 payload = method.serialize(response) if method.serialize is not None else response
                 self._respond(call, payload, None)
+                await self.drained(call.stream_id)
         except asyncio.CancelledError:
             self._finish(call, CANCELLED, "Cancelled")
             raise

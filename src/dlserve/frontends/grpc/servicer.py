@@ -26,7 +26,7 @@ from dlserve.errors import (
 )
 from dlserve.frontends.grpc import control, convert, shm
 from dlserve.frontends.grpc.errors import error_message
-from dlserve.frontends.grpc.rpc import Method, Parts
+from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer
 from dlserve.types import InferRequest, Peer
 
@@ -167,7 +167,7 @@ class GrpcServicer:
         return shm.status_response(self._service.shm_status(request.name))
 
     async def system_shm_register(self, request: Any, context: Any) -> Any:
-        peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
+        peer = _register_peer(context)
         await self._service.register_shm(
             request.name, request.key, request.offset, request.byte_size, peer
         )
@@ -181,7 +181,7 @@ class GrpcServicer:
         return shm.cuda_status_response(self._service.shm_status(request.name, cuda=True))
 
     async def cuda_shm_register(self, request: Any, context: Any) -> Any:
-        peer = shm.peer_of(context.peer(), shm.claimed_pid(context.invocation_metadata()))
+        peer = _register_peer(context)
         await self._service.register_cuda_shm(
             request.name, request.raw_handle, request.device_id, request.byte_size, peer
         )
@@ -204,6 +204,12 @@ class GrpcServicer:
         if request.settings:
             self._service.update_log_settings(control.log_settings_update(request))
         return control.log_settings_response(self._service.log_settings)
+
+
+def _register_peer(context: Context) -> Peer:
+    """Who registers a region: the connection's peer, its claimed and its confirmed pid."""
+    claimed = shm.claimed_pid(context.invocation_metadata())
+    return shm.peer_of(context.peer(), claimed, context.peer_pid())
 
 
 def _unary(method: Any, request_type: Any, response_type: Any) -> Method:

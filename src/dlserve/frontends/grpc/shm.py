@@ -7,6 +7,7 @@ A tensor names a region with three parameters, typed as Triton types them
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 from urllib.parse import unquote
@@ -93,15 +94,17 @@ def cuda_status_response(regions: Sequence[RegionStatus]) -> Any:
     )
 
 
-def peer_of(text: str | None, pid: int | None = None) -> Peer:
+@functools.lru_cache(maxsize=4096)  # asked per request; a connection's answer never changes
+def peer_of(text: str | None, pid: int | None = None, connection_pid: int | None = None) -> Peer:
     """gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path") as a Peer;
-    ``pid``: the one the client claims (:func:`claimed_pid`).
+    ``pid``: the one the client claims (:func:`claimed_pid`); ``connection_pid``: the
+    process the operating system names for the call's Unix-socket connection.
 
     Anything else is a peer that cannot be told: Peer(""), which counts as remote.
     """
     kind, _, rest = (text or "").partition(":")
     if kind in ("unix", "unix-abstract"):
-        return Peer(None, pid=pid)
+        return Peer(None, pid=pid, connection_pid=connection_pid)
     if kind == "ipv4":
         host, _, port = rest.rpartition(":")
         return Peer(host, _port(port), pid)
