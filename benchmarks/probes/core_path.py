@@ -3,10 +3,13 @@ network frontend, and end to end over HTTP.
 
 ``core``: the server's core in this process (``InferenceService`` on uvloop, real
 spawned worker processes) serving examples/models add_sub; ``await service.infer(request)``
-is timed in a loop with 16-float inputs. ``http``: a real ``dlserve serve`` driven by
-tritonclient.http, one client, the same request.
+is timed in a loop with 16-float inputs. ``bls``: the same through ``bls_add_sub``, a model
+that passes its request on to add_sub with ``exec()`` (a temporary repository). ``http``:
+a real ``dlserve serve`` driven by tritonclient.http, one client, the same request. Each
+mode prints p50/p99; core and bls also the CPU per request of the server and of the
+(first) worker, and each model's statistics breakdown.
 
-    python benchmarks/probes/core_path.py [--mode core,http] [--requests N]
+    python benchmarks/probes/core_path.py [--mode core,bls,http] [--requests N]
         [--against SRC --rounds R] [--profile DIR]
 
 ``--against SRC`` (another checkout's ``src`` folder, e.g. from ``git archive``) runs each
