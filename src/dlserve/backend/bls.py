@@ -84,6 +84,8 @@ def _encode_inputs(
                 continue
         if dtype.is_bytes:
             data = memoryview(dtypes.serialize_bytes(array))
+        elif array.size and array.flags.c_contiguous:  # the usual: its own buffer, as bytes
+            data = array.data.cast("B")
         else:
             data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
         staged = memory.stage(data) if memory is not None else None

@@ -45,8 +45,10 @@ class WorkerLink:
         self._queued: deque[Frame] = deque()  # frames for the serve loop
         self._answers: dict[int, deque[tuple[Answer, memoryview]]] = {}  # by call id
         self._send_lock = threading.Lock()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly: cheaper than the Condition's methods
+        self._cond = threading.Condition(self._lock)
         self._reading = False  # a thread holds the reader role
+        self._waiters = 0  # threads waiting on the condition (none: no notify needed)
         self._call_ids = itertools.count(1)
         self._closed = False
         self.on_cancel: Callable[[int], None] | None = None  # the runner marks the request
@@ -92,7 +94,7 @@ class WorkerLink:
     def recv(self) -> Frame:
         """The next frame for the serve loop: queued ones first. Raises ChannelClosed."""
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if self._queued:
                         return self._queued.popleft()
@@ -101,20 +103,18 @@ class WorkerLink:
                     if not self._reading:
                         self._reading = True
                         break
-                    self._cond.wait()
+                    self._wait(None)
             frame = self._read(None)
-            if (
-                frame is not None
-                and not _is_answer(frame[0])
-                and not isinstance(frame[0], m.Cancel)
-            ):
-                with self._cond:
-                    if not self._queued:  # the usual case: hand it over directly
-                        return frame
-                    self._queued.append(frame)
-            elif frame is not None:
-                with self._cond:
+            with self._lock:  # one locked section: give up the role, hand over or route
+                self._stop_reading()
+                if frame is None:
+                    continue
+                if _is_answer(frame[0]) or isinstance(frame[0], m.Cancel):
                     self._dispatch(frame)
+                elif not self._queued:  # the usual case: hand it over directly
+                    return frame
+                else:
+                    self._queued.append(frame)
 
     # -- calls: a question sent, answers awaited ------------------------------------------
     def next_call_id(self) -> int:
@@ -122,12 +122,12 @@ class WorkerLink:
 
     def open_call(self, call: int) -> None:
         """Make room for the answers of ``call`` before the question is sent."""
-        with self._cond:
+        with self._lock:
             self._answers[call] = deque()
 
     def close_call(self, call: int) -> None:
         """Answers of ``call`` that arrive from now on are dropped."""
-        with self._cond:
+        with self._lock:
             self._answers.pop(call, None)
 
     def wait_answer(self, call: int, deadline: float | None) -> tuple[Answer, memoryview] | None:
@@ -136,7 +136,7 @@ class WorkerLink:
         Raises ChannelClosed when the server has gone away.
         """
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     answers = self._answers.get(call)
                     if answers:
@@ -149,26 +149,30 @@ class WorkerLink:
                     if not self._reading:
                         self._reading = True
                         break
-                    self._cond.wait(remaining)
+                    self._wait(remaining)
             frame = self._read(remaining)
-            if frame is not None:
-                with self._cond:
+            with self._lock:
+                self._stop_reading()
+                if frame is not None:
                     self._dispatch(frame)
 
     def poll(self, *, buffered_only: bool = False) -> None:
         """Dispatch the frames already arrived, without waiting (``is_cancelled()``).
         ``buffered_only``: only those already read ahead (no system call)."""
         while True:
-            with self._cond:
+            if buffered_only and not self._channel.buffered():
+                return  # the usual case, told without the lock (a reader may be at work)
+            with self._lock:
                 if self._reading or self._closed:
                     return
                 if buffered_only and not self._channel.buffered():
                     return
                 self._reading = True
             frame = self._read(0.0)
-            if frame is None:
-                return
-            with self._cond:
+            with self._lock:
+                self._stop_reading()
+                if frame is None:
+                    return
                 self._dispatch(frame)
 
     def call(
@@ -191,7 +195,9 @@ class WorkerLink:
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, timeout: float | None) -> Frame | None:
-        """One frame, or None when none came within ``timeout``; gives up the reader role."""
+        """One frame, or None when none came within ``timeout`` or the connection is gone
+        (``_closed`` says which). The caller holds the reader role and gives it up after
+        (:meth:`_stop_reading`, with the lock held)."""
         try:
             if timeout is not None and not self._channel.buffered():
                 readable, _, _ = select.select([self._channel.fileno()], [], [], timeout)
@@ -199,13 +205,30 @@ class WorkerLink:
                     return None
             return self._channel.recv()
         except (ChannelClosed, OSError, ValueError):
-            with self._cond:
-                self._closed = True
+            self._closed = True  # seen by the others once the role is given up
             return None
+        except BaseException:  # the caller will not get to give the role up
+            with self._lock:
+                self._stop_reading()
+            raise
+
+    def _stop_reading(self) -> None:
+        """Give up the reader role (the condition's lock is held)."""
+        self._reading = False
+        self._notify()
+
+    def _wait(self, timeout: float | None) -> None:
+        """Wait for a notification (the condition's lock is held)."""
+        self._waiters += 1
+        try:
+            self._cond.wait(timeout)
         finally:
-            with self._cond:
-                self._reading = False
-                self._cond.notify_all()
+            self._waiters -= 1
+
+    def _notify(self) -> None:
+        """Wake the threads waiting on the condition, if any (the lock is held)."""
+        if self._waiters:
+            self._cond.notify_all()
 
     def _dispatch(self, frame: Frame) -> None:
         """Route one frame (the condition's lock is held)."""
@@ -224,11 +247,14 @@ class WorkerLink:
             self.on_release(msg.offsets, msg.gpu)  # thread-safe: the serve loop may be busy
         elif not isinstance(msg, m.Cancel):
             self._queued.append(frame)
-        self._cond.notify_all()
+        self._notify()
+
+
+_ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply)  # a tuple: no union per call
 
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
-    return isinstance(msg, m.MetricValueReply | m.BlsReply | m.ControlReply)
+    return isinstance(msg, _ANSWERS)
 
 
 def _is_signal(msg: m.ServerToWorker) -> bool:

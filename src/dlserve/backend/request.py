@@ -39,7 +39,13 @@ def _parameters_json(parameters: Mapping[str, Any] | str | None) -> str:
 
 
 def _tensors(tensors: Sequence[Tensor], what: str) -> list[Tensor]:
-    if isinstance(tensors, str | bytes) or not isinstance(tensors, Sequence):
+    kind = type(tensors)
+    # a list or tuple (the usual case) needs no look at the Sequence ABC
+    if (
+        kind is not list
+        and kind is not tuple
+        and (isinstance(tensors, str | bytes) or not isinstance(tensors, Sequence))
+    ):
         raise TritonModelException(f'"{what}" must be a list.')
     result = list(tensors)
     for tensor in result:
@@ -83,6 +89,27 @@ class InferenceRequest:
         self._cancelled = False
         self._sender: InferenceResponseSender | None = None
         self._poll: Callable[[], None] | None = None  # reads a Cancel that has arrived
+
+    @classmethod
+    def _received(
+        cls,
+        model_name: str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        request_id: str,
+        parameters: Mapping[str, ParamValue],
+    ) -> InferenceRequest:
+        """Internal: a request as ``execute`` receives it, from what the worker decoded
+        (already checked by then)."""
+        request = cls.__new__(cls)
+        request._model_name, request._inputs = model_name, inputs
+        request._requested_output_names = list(requested_output_names)
+        request._request_id, request._correlation_id, request._flags = request_id, 0, 0
+        request._model_version, request._timeout, request._trace = -1, 0, None
+        request._parameters = json.dumps(parameters) if parameters else "{}"
+        request._preferred_memory, request._cancelled = None, False
+        request._sender, request._poll = None, None
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

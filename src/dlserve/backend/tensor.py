@@ -73,9 +73,11 @@ class Tensor:
         """
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
-        array = np.asarray(numpy_array)
+        array = numpy_array if type(numpy_array) is np.ndarray else np.asarray(numpy_array)
         resolved = _resolve_dtype(name, array, dtype)
-        array = _storage_form(name, np.ascontiguousarray(array), resolved)
+        if not array.ndim or not array.flags.c_contiguous:  # else ascontiguousarray is a no-op
+            array = np.ascontiguousarray(array)
+        array = _storage_form(name, array, resolved)
         self._name = name
         self._array: npt.NDArray[Any] | None = array
         self._dtype = resolved

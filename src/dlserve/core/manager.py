@@ -60,6 +60,10 @@ class ModelVersion:
     scheduler: Scheduler | None = None
     ensemble: EnsemblePlan | None = None
     steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
+    decoupled: bool = field(init=False)  # from the config, read once
+
+    def __post_init__(self) -> None:
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     @property
     def ready(self) -> bool:
@@ -73,10 +77,6 @@ class ModelVersion:
             self.scheduler.stop()
         if self.pool is not None:
             await self.pool.stop(timeout)
-
-    @property
-    def decoupled(self) -> bool:
-        return bool(self.config.model_transaction_policy.decoupled)
 
 
 @dataclass(slots=True)

@@ -17,8 +17,9 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from dlserve import errors
 from dlserve.core.queues import TIMEOUT_EXPIRED, BatchPolicy, Job, JobQueue
@@ -26,7 +27,7 @@ from dlserve.core.regions import RegionLease
 from dlserve.core.stats import ModelStats
 from dlserve.ipc import messages as m
 from dlserve.types import InputTensor, Parameters
-from dlserve.workers.client import Outcome, WorkerBase, WorkerReply, WorkItem
+from dlserve.workers.client import Outcome, ReplyCallback, WorkerBase, WorkerReply, WorkItem
 from dlserve.workers.placement import NO_SPANS
 from dlserve.workers.pool import WorkerPool
 from dlserve.workers.streams import StreamSink
@@ -65,6 +66,7 @@ class Scheduler:
         policies = [self.policy.default_policy, *self.policy.level_policies.values()]
         self._timed = any(p.default_timeout_ns or p.allow_override for p in policies)
         pool.on_restart = self.dispatch
+        self._loop = asyncio.get_running_loop()  # asked once: each ask costs a getpid()
 
     def job(
         self,
@@ -96,15 +98,14 @@ class Scheduler:
             lease.inputs if lease is not None else NO_SPANS,
             lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
         )  # fmt: skip
-        future: asyncio.Future[WorkerReply | None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[WorkerReply | None] = self._loop.create_future()
         return Job(item, batch, level, now, deadline, future, lease, keep)
 
-    async def run(self, job: Job) -> WorkerReply:
+    def run(self, job: Job) -> Awaitable[WorkerReply]:
         """Queue ``job`` and wait for its reply. A caller that is cancelled (its client
         went away) takes its job out of the queue; a job already executing runs on."""
-        reply = await self._run(job)
-        assert reply is not None
-        return reply
+        # no coroutine of its own: a job without a sink always gets a reply, never None
+        return cast(Awaitable[WorkerReply], self._run(job))
 
     async def run_stream(self, job: Job, sink: StreamSink) -> tuple[WorkerBase, int]:
         """Queue a decoupled model's ``job`` and wait until it is sent: its responses go to
@@ -226,17 +227,16 @@ class Scheduler:
         live = [job for job in jobs if not job.future.done()]
         if not live:
             return
-        execution = _Execution(worker, len(live), sum(max(j.batch, 1) for j in live))
+        execution = _Execution(worker, len(live), 0)
+        callbacks: list[ReplyCallback] = []
         for job in live:
+            execution.batch_size += job.batch if job.batch > 1 else 1
             if job.lease is not None:
                 job.lease.bind(worker)
                 if job.lease.device is not None:
                     self._count_crossings(worker, [job])
-        callbacks = [
-            functools.partial(self._on_reply if job.sink is None else self._on_stream_end,
-                              execution, job)
-            for job in live
-        ]  # fmt: skip
+            on_reply = self._on_reply if job.sink is None else self._on_stream_end
+            callbacks.append(functools.partial(on_reply, execution, job))
         try:
             rids = worker.submit([job.item for job in live], callbacks)
         except errors.DlserveError as exc:

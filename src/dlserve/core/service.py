@@ -194,7 +194,11 @@ class InferenceService:
             if loaded.ensemble is not None:
                 outputs = await self._run_ensemble(loaded, request, received)
             else:
-                outputs, parameters = await self._run_model(loaded, request, received, call)
+                reply, batch = await self._run(loaded, request, call=call)
+                self._record(loaded, reply, batch, received)
+                outputs = reply_outputs(loaded, reply)
+                if reply.parameters:
+                    parameters = dict(reply.parameters)
         except errors.DlserveError as exc:
             loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
@@ -204,13 +208,6 @@ class InferenceService:
         return InferResponse(
             request.model_name, str(loaded.version), request.id, outputs, parameters
         )
-
-    async def _run_model(
-        self, loaded: ModelVersion, request: InferRequest, received: int, call: Call = NO_CALL
-    ) -> tuple[list[OutputTensor], dict[str, Any]]:
-        reply, batch = await self._run(loaded, request, call=call)
-        self._record(loaded, reply, batch, received)
-        return reply_outputs(loaded, reply), dict(reply.parameters)
 
     def infer_stream(
         self, request: InferRequest, call: Call = NO_CALL
@@ -225,7 +222,7 @@ class InferenceService:
             return
         now = time.monotonic_ns()
         loaded.stats.record_request(
-            batch if loaded.config.max_batch_size > 0 else 1,
+            batch if loaded.validator.max_batch_size > 0 else 1,
             now - received,
             t.input_start - received,
             t.infer_start - t.input_start,

@@ -19,7 +19,8 @@ class _Duration:
 
     def add(self, ns: int) -> None:
         self.count += 1
-        self.ns += max(ns, 0)
+        if ns > 0:
+            self.ns += ns
 
     def frozen(self) -> DurationStat:
         return DurationStat(self.count, self.ns)
@@ -75,11 +76,13 @@ class ModelStats:
         output_ns: int,
     ) -> None:
         """One successful request (``batch_size`` inferences), however it was executed."""
-        self.success.add(total_ns)
-        self.queue.add(queue_ns)
-        self.compute_input.add(input_ns)
-        self.compute_infer.add(infer_ns)
-        self.compute_output.add(output_ns)
+        for duration, ns in (
+            (self.success, total_ns), (self.queue, queue_ns), (self.compute_input, input_ns),
+            (self.compute_infer, infer_ns), (self.compute_output, output_ns),
+        ):  # fmt: skip
+            duration.count += 1
+            if ns > 0:
+                duration.ns += ns
         self.inference_count += batch_size
         self.last_inference_ms = time.time_ns() // 1_000_000
 
@@ -91,9 +94,13 @@ class ModelStats:
         batch = self.batches.get(batch_size)
         if batch is None:
             batch = self.batches[batch_size] = _Batch()
-        batch.compute_input.add(input_ns)
-        batch.compute_infer.add(infer_ns)
-        batch.compute_output.add(output_ns)
+        for duration, ns in (
+            (batch.compute_input, input_ns), (batch.compute_infer, infer_ns),
+            (batch.compute_output, output_ns),
+        ):  # fmt: skip
+            duration.count += 1
+            if ns > 0:
+                duration.ns += ns
 
     def record_failure(self, total_ns: int, reason: str) -> None:
         """reason: Triton's failure label (REJECTED, CANCELED, BACKEND, OTHER)."""

@@ -115,6 +115,8 @@ async def _run_decoupled(
 
 def reply_outputs(loaded: ModelVersion, reply: WorkerReply) -> list[OutputTensor]:
     """A reply's outputs with the shapes the client sees; lent ones stay lent (BLS)."""
+    if not loaded.validator.reshapes_outputs:  # the shapes are the model's own
+        return reply.outputs
     shape = loaded.validator.output_shape
     return [
         OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)

@@ -5,6 +5,7 @@ Messages follow Triton's so that clients matching on them keep working.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ class TensorSpec:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None
     optional: bool
+    fixed: tuple[tuple[int, int], ...] = ()  # (index, size) of the dims that are not -1
 
 
 def _spec(entry: Any) -> TensorSpec:
@@ -32,14 +34,17 @@ def _spec(entry: Any) -> TensorSpec:
     assert dtype is not None  # checked when the config was normalized
     reshape = tuple(entry.reshape.shape) if entry.HasField("reshape") else None
     optional = bool(getattr(entry, "optional", False))
-    return TensorSpec(entry.name, dtype, tuple(entry.dims), reshape, optional)
+    dims = tuple(entry.dims)
+    fixed = tuple((i, d) for i, d in enumerate(dims) if d != -1)
+    return TensorSpec(entry.name, dtype, dims, reshape, optional, fixed)
 
 
-def _matches(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    if len(dims) != len(shape):
+def _matches(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
+    """``shape`` (without the batch dimension) fits the config's dims (-1: any size)."""
+    if len(spec.dims) != len(shape):
         return False
-    for want, got in zip(dims, shape, strict=True):
-        if want != got and want != -1:
+    for index, size in spec.fixed:
+        if shape[index] != size:
             return False
     return True
 
@@ -71,34 +76,37 @@ class RequestValidator:
         self.inputs = {e.name: _spec(e) for e in config.input}
         self.outputs = {e.name: _spec(e) for e in config.output}
         self.required = [n for n, s in self.inputs.items() if not s.optional]
+        self.reshapes_outputs = any(s.reshape is not None for s in self.outputs.values())
 
     def check(self, request: InferRequest) -> tuple[list[InputTensor], int]:
         """The inputs as the model should see them (reshaped), and the batch size."""
-        prefix = f"[request id: {request.id or '<id_unknown>'}] "
         batch = 0
         checked: list[InputTensor] = []
         for tensor in request.inputs:
             spec = self.inputs.get(tensor.name)
             if spec is None:
                 raise InvalidArgumentError(
-                    f"{prefix}unexpected inference input '{tensor.name}' for model '{self.model}'"
+                    f"{_prefix(request)}unexpected inference input '{tensor.name}' for model "
+                    f"'{self.model}'"
                 )
-            tensor_batch = self._check_one(prefix, spec, tensor)
+            tensor_batch = self._check_one(request, spec, tensor)
             if batch and tensor_batch != batch:
                 raise InvalidArgumentError(
-                    f"{prefix}inputs of model '{self.model}' must have the same batch size"
+                    f"{_prefix(request)}inputs of model '{self.model}' must have the same "
+                    "batch size"
                 )
             batch = tensor_batch
-            checked.append(self._reshaped(spec, tensor))
-        self._check_missing(prefix, request)
-        self._check_outputs(prefix, request)
+            checked.append(tensor if spec.reshape is None else self._reshaped(spec, tensor))
+        self._check_missing(request)
+        if request.outputs:
+            self._check_outputs(request)
         return checked, batch or 1
 
-    def _check_one(self, prefix: str, spec: TensorSpec, tensor: InputTensor) -> int:
+    def _check_one(self, request: InferRequest, spec: TensorSpec, tensor: InputTensor) -> int:
         if tensor.datatype != spec.dtype.wire:
             raise InvalidArgumentError(
-                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
-                f"model '{self.model}' expects '{spec.dtype.wire}'"
+                f"{_prefix(request)}inference input '{tensor.name}' data-type is "
+                f"'{tensor.datatype}', but model '{self.model}' expects '{spec.dtype.wire}'"
             )
         shape = tensor.shape
         batch = 0
@@ -107,30 +115,30 @@ class RequestValidator:
             if not shape or shape[0] < 1 or shape[0] > self.max_batch_size:
                 got = shape[0] if shape else "none"
                 raise InvalidArgumentError(
-                    f"{prefix}inference request batch-size must be <= {self.max_batch_size} for "
-                    f"'{self.model}' (input '{tensor.name}' has batch size {got})"
+                    f"{_prefix(request)}inference request batch-size must be <= "
+                    f"{self.max_batch_size} for '{self.model}' (input '{tensor.name}' has "
+                    f"batch size {got})"
                 )
             batch, dims = shape[0], shape[1:]
-        if any(d < 0 for d in shape) or not _matches(spec.dims, dims):
+        if (shape and min(shape) < 0) or not _matches(spec, dims):
             expected = ((-1,) if self.max_batch_size > 0 else ()) + spec.dims
             raise InvalidArgumentError(
-                f"{prefix}unexpected shape for input '{tensor.name}' for model '{self.model}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(shape)}"
+                f"{_prefix(request)}unexpected shape for input '{tensor.name}' for model "
+                f"'{self.model}'. Expected {_fmt(expected)}, got {_fmt(shape)}"
             )
-        self._check_size(prefix, spec, tensor)
+        self._check_size(request, spec, tensor)
         return batch
 
-    def _check_size(self, prefix: str, spec: TensorSpec, tensor: InputTensor) -> None:
+    def _check_size(self, request: InferRequest, spec: TensorSpec, tensor: InputTensor) -> None:
         data = tensor.data
-        elements = 1
-        for d in tensor.shape:
-            elements *= d
+        elements = math.prod(tensor.shape)
         if data is None:
             # In a client's region: the worker counts BYTES elements, the server never reads.
             if tensor.region is not None and not spec.dtype.is_bytes:
-                self._check_nbytes(prefix, spec, tensor, elements, tensor.region.byte_size)
+                self._check_nbytes(request, spec, tensor, elements, tensor.region.byte_size)
             return
         if spec.dtype.is_bytes:
+            prefix = _prefix(request)
             try:
                 got = count_bytes_elements(data)
             except ValueError as exc:
@@ -144,15 +152,16 @@ class RequestValidator:
                     f"'{tensor.name}' for model '{self.model}', expecting {elements}"
                 )
             return
-        self._check_nbytes(prefix, spec, tensor, elements, data.nbytes)
+        self._check_nbytes(request, spec, tensor, elements, data.nbytes)
 
     def _check_nbytes(
-        self, prefix: str, spec: TensorSpec, tensor: InputTensor, elements: int, nbytes: int
-    ) -> None:
+        self, request: InferRequest, spec: TensorSpec, tensor: InputTensor, elements: int,
+        nbytes: int,
+    ) -> None:  # fmt: skip
         expected = elements * spec.dtype.itemsize
         if nbytes != expected:
             raise InvalidArgumentError(
-                f"{prefix}input byte size mismatch for input '{tensor.name}' for model "
+                f"{_prefix(request)}input byte size mismatch for input '{tensor.name}' for model "
                 f"'{self.model}'. Expected {expected}, got {nbytes}"
             )
 
@@ -166,25 +175,28 @@ class RequestValidator:
             tensor.region,
         )  # fmt: skip
 
-    def _check_missing(self, prefix: str, request: InferRequest) -> None:
+    def _check_missing(self, request: InferRequest) -> None:
         given = {t.name for t in request.inputs}
         if len(given) != len(request.inputs):
-            raise InvalidArgumentError(f"{prefix}an input is given more than once")
+            raise InvalidArgumentError(f"{_prefix(request)}an input is given more than once")
+        if len(given) == len(self.inputs):  # every input the model has (all names known)
+            return
         missing = [n for n in self.required if n not in given]
         if missing:
             raise InvalidArgumentError(
-                f"{prefix}expected {len(self.required)} inputs but got {len(given)} inputs for "
-                f"model '{self.model}'. Got input(s) {sorted(given)}, but missing required "
-                f"input(s) {missing}. Please provide all required input(s)."
+                f"{_prefix(request)}expected {len(self.required)} inputs but got {len(given)} "
+                f"inputs for model '{self.model}'. Got input(s) {sorted(given)}, but missing "
+                f"required input(s) {missing}. Please provide all required input(s)."
             )
 
-    def _check_outputs(self, prefix: str, request: InferRequest) -> None:
+    def _check_outputs(self, request: InferRequest) -> None:
         if not self.outputs:
             return
         for output in request.outputs:
             if output.name not in self.outputs:
                 raise InvalidArgumentError(
-                    f"{prefix}unexpected inference output '{output.name}' for model '{self.model}'"
+                    f"{_prefix(request)}unexpected inference output '{output.name}' for model "
+                    f"'{self.model}'"
                 )
 
     def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -194,3 +206,8 @@ class RequestValidator:
             return shape
         batch = shape[: len(shape) - len(spec.reshape)]
         return batch + spec.dims
+
+
+def _prefix(request: InferRequest) -> str:
+    """The start of an error message about ``request``, as Triton's."""
+    return f"[request id: {request.id or '<id_unknown>'}] "

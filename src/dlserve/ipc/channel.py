@@ -37,8 +37,7 @@ class BlockingChannel(Generic[T]):
         self._end = 0  # end of the bytes received into _buf
 
     def send(self, message: messages._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
-        buffers = codec.encode(message, payload)
-        total = sum(memoryview(b).nbytes for b in buffers)
+        buffers, total = codec.encode_sized(message, payload)
         sent = self._sock.sendmsg(buffers)
         if sent < total:
             self._send_rest(buffers, sent)
@@ -55,21 +54,24 @@ class BlockingChannel(Generic[T]):
     def recv(self) -> Frame[T]:
         """The next frame. Small frames cost one recv syscall (read ahead into a buffer);
         a large one is received straight into its own buffer."""
-        self._fill(codec.PREFIX_SIZE)
+        if self._end - self._start < codec.PREFIX_SIZE:
+            self._fill(codec.PREFIX_SIZE)
         header_len, payload_len = codec.PREFIX.unpack_from(self._buf, self._start)
         size = header_len + payload_len
         if codec.PREFIX_SIZE + size <= len(self._buf):
-            self._fill(codec.PREFIX_SIZE + size)  # may move the bytes to the front
+            if self._end - self._start < codec.PREFIX_SIZE + size:
+                self._fill(codec.PREFIX_SIZE + size)  # may move the bytes to the front
             head = self._start + codec.PREFIX_SIZE
-            body = bytearray(memoryview(self._buf)[head : head + size])
             self._start = head + size
-        else:
-            head = self._start + codec.PREFIX_SIZE
-            body = bytearray(size)
-            buffered = self._end - head
-            body[:buffered] = memoryview(self._buf)[head : self._end]
-            self._start = self._end = 0
-            self._recv_exactly(memoryview(body)[buffered:])
+            # the header is decoded in place; the payload is copied into its own buffer
+            message = self._decoder.decode(memoryview(self._buf)[head : head + header_len])
+            return message, memoryview(self._buf[head + header_len : head + size])
+        head = self._start + codec.PREFIX_SIZE
+        body = bytearray(size)
+        buffered = self._end - head
+        body[:buffered] = memoryview(self._buf)[head : self._end]
+        self._start = self._end = 0
+        self._recv_exactly(memoryview(body)[buffered:])
         view = memoryview(body)
         return self._decoder.decode(view[:header_len]), view[header_len:]
 
@@ -166,7 +168,7 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
             head = self._start + codec.PREFIX_SIZE
             message = self._decoder.decode(memoryview(buf)[head : head + header_len])
             # the payload is copied out so the receive buffer can be reused at once
-            payload = memoryview(bytes(memoryview(buf)[head + header_len : frame_end]))
+            payload = memoryview(buf[head + header_len : frame_end])
             self._start = frame_end
             self._on_frame(message, payload)
         if self._start == self._end:

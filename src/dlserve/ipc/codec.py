@@ -27,9 +27,19 @@ def encode(
     message: messages._Msg, payload: Sequence[bytes | memoryview] = ()
 ) -> list[bytes | memoryview]:
     """The buffers of one frame, to be written in order (sendmsg / writelines)."""
+    return encode_sized(message, payload)[0]
+
+
+def encode_sized(
+    message: messages._Msg, payload: Sequence[bytes | memoryview] = ()
+) -> tuple[list[bytes | memoryview], int]:
+    """The buffers of one frame, and its size in bytes."""
     header = _encoder.encode(message)
-    payload_len = sum(len(part) if isinstance(part, bytes) else part.nbytes for part in payload)
-    return [PREFIX.pack(len(header), payload_len), header, *payload]
+    payload_len = 0
+    for part in payload:
+        payload_len += part.nbytes if type(part) is memoryview else len(part)
+    frame = [PREFIX.pack(len(header), payload_len), header, *payload]
+    return frame, PREFIX_SIZE + len(header) + payload_len
 
 
 class Decoder(Generic[T]):

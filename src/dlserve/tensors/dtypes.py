@@ -38,10 +38,7 @@ class DType:
     dl_code: int  # DLPack type code; -1 where DLPack has none (BYTES)
     dl_bits: int
     config_code: int  # model_config.proto DataType enum value (pb_utils.TYPE_*)
-
-    @property
-    def is_bytes(self) -> bool:
-        return self.wire == "BYTES"
+    is_bytes: bool = False  # BYTES (TYPE_STRING): variable-size elements; asked per tensor
 
 
 def _d(
@@ -49,7 +46,8 @@ def _d(
 ) -> DType:
     numpy_dtype = np.dtype(np_name) if np_name is not None else None
     config_code = _CONFIG_CODES.index(config)
-    return DType(wire, config, numpy_dtype, np.dtype(storage), size, code, bits, config_code)
+    return DType(wire, config, numpy_dtype, np.dtype(storage), size, code, bits, config_code,
+                 wire == "BYTES")  # fmt: skip
 
 
 # model_config.proto's DataType enum, in value order (TYPE_INVALID = 0).

@@ -41,15 +41,17 @@ class Cancellation:
 
     def _skip_cancelled(
         self, items: Sequence[Item], worker: link.WorkerLink | None
-    ) -> tuple[list[tuple[m.InferDone, list[memoryview]]], list[Item]]:
+    ) -> tuple[list[tuple[m.InferDone, list[memoryview]]], Sequence[Item]]:
         """The requests cancelled while they waited (answered here, not run), and the others.
 
         Cancels already read ahead behind them are dispatched first (no system call)."""
         if worker is not None:
             worker.poll(buffered_only=True)
-        self._started = max(self._started, *(item.rid for item in items))
+        for item in items:
+            if item.rid > self._started:
+                self._started = item.rid
         if not self._cancelled_early:
-            return [], list(items)
+            return [], items
         replies: list[tuple[m.InferDone, list[memoryview]]] = []
         kept: list[Item] = []
         for item in items:

@@ -30,6 +30,7 @@ INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
 _worker_ids = itertools.count()
+_PAYLOAD: Final = m.Where.PAYLOAD
 
 
 @dataclass(slots=True)
@@ -298,13 +299,17 @@ class WorkerBase(ArenaLending, DecoupledStreams):
                 for offset in offsets:
                     self.input_arena.free(offset)
             raise
+        rids: list[int] = []
         for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
             self._pending[rid] = _Pending(callback, offsets)
+            rids.append(rid)
         if _busy_poll_us:
             _spinner.hold(self._pending)
-        release, self._release = self._release, []
+        release = self._release
+        if release:
+            self._release = []
         channel.send(infer_message(placed, release), payload)
-        return [rid for rid, _, _, _ in placed]
+        return rids
 
     def unmap_regions(self, regions: list[int]) -> None:
         """These client regions are gone: the worker drops its mappings of them."""
@@ -322,18 +327,21 @@ class WorkerBase(ArenaLending, DecoupledStreams):
             raise errors.error_from_worker(done.error, done.error_code)
         outputs = []
         held: list[int] = []
+        data: bytes | memoryview | None
         for ref in done.outputs:
-            data: bytes | memoryview | None
-            lent: ArenaSpan | CudaSpan | None = None
-            if ref.where == m.Where.PAYLOAD:
+            where = ref.where
+            if where == _PAYLOAD:  # the usual small output: a view of the frame
                 data = payload[ref.offset : ref.offset + ref.nbytes]
-            elif ref.where == m.Where.OUTPUT_ARENA and lend:
+                outputs.append(OutputTensor(ref.name, ref.datatype, tuple(ref.shape), data))
+                continue
+            lent: ArenaSpan | CudaSpan | None = None
+            if where == m.Where.OUTPUT_ARENA and lend:
                 data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
-            elif ref.where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
+            elif where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
                 data = None
                 lent = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes, ref.lend,
                                 self.arena_ids[1])  # fmt: skip
-            elif ref.where == m.Where.OUTPUT_ARENA:
+            elif where == m.Where.OUTPUT_ARENA:
                 view = self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
                 if keep:
                     data = view

@@ -55,6 +55,7 @@ def load(
     worker.on_cancel = runner.cancel
     worker.on_release = runner.release
     worker.memory = runner
+    runner.link = worker  # execute() runs on the serve loop's thread: its link
     try:
         runner.start()
     except LoadError as exc:

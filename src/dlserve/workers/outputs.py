@@ -79,6 +79,8 @@ class OutputWriter:
 
     def drop_buffers(self) -> None:
         """The request is over: arena space handed out and not returned goes back."""
+        if not self._buffers:  # the usual: the model asked for none
+            return
         for buffer in self._buffers.values():
             if buffer.arena_offset >= 0:
                 self.arena.free(buffer.arena_offset)
@@ -101,10 +103,12 @@ class OutputWriter:
     ) -> tuple[m.TensorRef, memoryview | None]:
         """Put ``tensor`` where it goes; its TensorRef, and its bytes when they go inline
         (at ``offset`` of the reply's payload)."""
+        info = tensor.gpu_info
+        if target is None and info is None:  # the usual: a host tensor, inline or arena
+            return self._host_ref(tensor, offset, None)
         name, dtype, shape = tensor.name(), tensor.dtype, tensor.shape()
         if target is not None and target.where == m.Where.CUDA_REGION:
             return self._to_cuda_region(tensor, target), None
-        info = tensor.gpu_info
         if info is not None:
             nbytes = math.prod(shape) * dtype.itemsize
             if target is not None:
@@ -174,6 +178,8 @@ class OutputWriter:
 def _host_bytes(array: np.ndarray, dtype: dtypes.DType) -> memoryview:
     if dtype.is_bytes:
         return memoryview(dtypes.serialize_bytes(array))
+    if array.size and array.flags.c_contiguous:  # the usual: its own buffer, as bytes
+        return array.data.cast("B")
     # flat bytes: memoryview cannot cast a view with a zero in its shape
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 

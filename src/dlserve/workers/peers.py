@@ -41,6 +41,8 @@ class PeerArenas:
     def locate(self, address: int, nbytes: int) -> m.TensorRef | None:
         """A PEER_ARENA ref when these bytes lie in an arena mapped here (a callee's output
         passed on to another model travels by reference again)."""
+        if not self._bases:  # none mapped yet: nothing to look through, no lock to take
+            return None
         with self._lock:
             for arena, (mapped, start, path) in self._bases.items():
                 if start <= address and address + nbytes <= start + len(mapped):

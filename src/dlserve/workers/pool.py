@@ -123,7 +123,10 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        return all(w is not None and w.alive for w in self.workers)
+        for worker in self.workers:  # asked for every request: no generator
+            if worker is None or not worker.alive:
+                return False
+        return True
 
     def live(self) -> list[WorkerBase]:
         """The instances that can take work now."""

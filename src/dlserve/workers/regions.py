@@ -130,8 +130,8 @@ class ClientRegions:
     def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
         """Where ``array``'s bytes are, when they lie in a region mapped here: a BLS call can
         pass them to another worker by reference (name, datatype and shape left empty)."""
-        if not array.flags.c_contiguous or array.nbytes == 0:
-            return None
+        if not self._mapped or not array.flags.c_contiguous or array.nbytes == 0:
+            return None  # no region mapped here (the usual): no address to work out
         start = int(array.__array_interface__["data"][0])
         for region, mapping in self._mapped.items():
             if mapping.map is not None and mapping.address <= start:

@@ -40,6 +40,7 @@ from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
 Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
+_NO_TARGETS: dict[str, m.TensorRef] = {}  # a request that names no output region
 
 
 class LoadError(Exception):
@@ -93,6 +94,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         self._decoupled: bool | None = None  # from the config, once known
         self._started = 0  # the newest rid started (rids grow)
         self._cancelled_early: set[int] = set()  # cancelled before they started
+        self.link: link.WorkerLink | None = None  # the serve loop's, once loaded by it
 
     # -- loading ------------------------------------------------------------------------
     @property
@@ -167,6 +169,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
 
     def _call(self, function: Any, *args: Any) -> Any:
         result = function(*args)
+        if type(result) is list or result is None:  # the usual answers: nothing to await
+            return result
         if inspect.isawaitable(result):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
@@ -195,7 +199,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         timings_start = time.monotonic_ns()
         if release:
             self.release(release)
-        worker = link.current()
+        worker = self.link if self.link is not None else link.current()
         cancelled, items = self._skip_cancelled(items, worker)
         if worker is not None:
             worker.upstream = upstream(items)
@@ -260,22 +264,25 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
         inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
-        request = pb_utils.InferenceRequest(
-            model_name=self.load.model_name,
-            inputs=inputs,
-            requested_output_names=msg.outputs,
-            request_id=msg.request_id,
-            parameters=msg.parameters,
+        request = pb_utils.InferenceRequest._received(
+            self.load.model_name, inputs, msg.outputs, msg.request_id, msg.parameters
         )
-        targets = {t.name: t for t in msg.output_regions}
+        targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS
         outputs = self.outputs
         request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
         return request
 
     def _input_tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
-        if ref.where == m.Where.CUDA_REGION:
+        where = ref.where
+        if where == m.Where.PAYLOAD:  # the usual small input: a view of the frame
+            dtype = dtypes.BY_WIRE[ref.datatype]
+            if not dtype.is_bytes:
+                array = np.ndarray(ref.shape, dtype.numpy_storage, payload, ref.offset)
+                tensor = pb_utils.Tensor._wrap(ref.name, array, dtype)
+                return self.gpu.place(tensor)
+        elif where == m.Where.CUDA_REGION:
             return self.gpu.region_input(ref)
-        if ref.where == m.Where.CUDA_IPC:  # a BLS caller's GPU memory
+        elif where == m.Where.CUDA_IPC:  # a BLS caller's GPU memory
             return gpu_bls.input_tensor(ref)
         tensor = pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
         return self.gpu.place(tensor)
@@ -301,7 +308,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
     @staticmethod
     def _responses(responses: Any, count: int) -> list[pb_utils.InferenceResponse]:
         """execute()'s result checked: one InferenceResponse per request (Triton's messages)."""
-        if not isinstance(responses, list | tuple):
+        if not isinstance(responses, (list, tuple)):  # a tuple: no union object per call
             raise TritonError(
                 f"Expected a list in the execute return, found type '{type(responses).__name__}'."
             )
@@ -329,8 +336,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
     ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:
         """A response's outputs as refs (inline, output arena or client region), the inline
         buffers, and its parameters."""
-        wanted = set(msg.outputs)
-        targets = {t.name: t for t in msg.output_regions}
+        wanted = set(msg.outputs) if msg.outputs else None
+        targets = {t.name: t for t in msg.output_regions} if msg.output_regions else None
         refs: list[m.TensorRef] = []
         buffers: list[memoryview] = []
         offset = 0
