@@ -126,7 +126,8 @@ def bench_server(name: str, args: argparse.Namespace) -> list[Row]:
 
     rows = []
     data = np.random.default_rng(1).standard_normal(ELEMENTS).astype(np.float32)
-    with RUNNERS[name](MODELS, *_triton.free_ports(3)) as server:
+    extra = args.dlserve_args.split() if name == "dlserve" else []
+    with RUNNERS[name](MODELS, *_triton.free_ports(3), *extra) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         for path in args.paths:
             with PATHS[path](client, data) as infer:
@@ -195,6 +196,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, help="requests per measurement")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds")
+    parser.add_argument("--dlserve-args", default="", help="more `dlserve serve` options")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if set(args.servers) - RUNNERS.keys() or set(args.paths) - PATHS.keys():

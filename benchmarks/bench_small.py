@@ -198,7 +198,8 @@ def server_version(server: _triton.RunningServer) -> str:
 def bench_server(name: str, args: argparse.Namespace) -> tuple[str, list[Row]]:
     """Start one server, run every protocol x concurrency against it, stop it."""
     rows = []
-    with RUNNERS[name](args.model_repository, *_triton.free_ports(3)) as server:
+    extra = args.dlserve_args.split() if name == "dlserve" else []
+    with RUNNERS[name](args.model_repository, *_triton.free_ports(3), *extra) as server:
         version = server_version(server)
         print(f"# {name}: {version}", file=sys.stderr)
         for protocol in args.protocols:
@@ -278,6 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model-repository", type=Path, default=_triton.REPO_ROOT / "examples" / "models"
     )
+    parser.add_argument("--dlserve-args", default="", help="more `dlserve serve` options")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     unknown = set(args.servers) - RUNNERS.keys() or set(args.protocols) - {"grpc", "http"}

@@ -1,9 +1,10 @@
-"""The gRPC floor of a machine: an empty ModelInfer, answered at once, no dlserve at all.
+"""The gRPC floor of a machine: an empty ModelInfer, answered at once, no model, no core.
 
-A grpc-python client (as tritonclient.grpc uses) calls a grpc-python server that answers
-with an empty ModelInferResponse: once with a synchronous server (thread pool), once with
-grpc.aio (as dlserve's frontend). Whatever a Python gRPC server does per request comes on
-top of this.
+A grpc-python client (as tritonclient.grpc uses) calls a server that answers with an empty
+ModelInferResponse: a synchronous grpc-python server (thread pool), grpc.aio (dlserve's
+frontend until 2026-12-01), and dlserve's own HTTP/2 server (``frontends/grpc``, what
+dlserve serves gRPC with now). Whatever a server does per request comes on top of this.
+The servers run in a thread of this process: compare them with each other.
 
     python benchmarks/probes/grpc_floor.py [--requests N]
 """
@@ -83,6 +84,31 @@ def aio_server(requests: int) -> tuple[float, float]:
         thread.join()
 
 
+def dlserve_server(requests: int) -> tuple[float, float]:
+    import uvloop
+
+    from dlserve.frontends.grpc.rpc import Method
+    from dlserve.frontends.grpc.transport import GrpcServer
+
+    async def infer(request: Any, context: Any) -> Any:
+        return pb.ModelInferResponse(model_name=request.model_name)
+
+    path = "/inference.GRPCInferenceService/ModelInfer"
+    method = Method(infer, deserialize=pb.ModelInferRequest.FromString,
+                    serialize=pb.ModelInferResponse.SerializeToString)  # fmt: skip
+    loop = uvloop.new_event_loop()
+    server = GrpcServer({path: method}, "127.0.0.1", 0)
+    port = loop.run_until_complete(server.start())
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        return call(port, requests)
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=3000)
@@ -91,6 +117,7 @@ def main() -> None:
     print("sync server, 1 thread:  {:.0f} / {:.0f}".format(*sync_server(1, args.requests)))
     print("sync server, 8 threads: {:.0f} / {:.0f}".format(*sync_server(8, args.requests)))
     print("grpc.aio server:        {:.0f} / {:.0f}".format(*aio_server(args.requests)))
+    print("dlserve's server:       {:.0f} / {:.0f}".format(*dlserve_server(args.requests)))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,13 @@ from pathlib import Path
 from dlserve import __version__
 
 
+def _microseconds(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dlserve {__version__}")
@@ -50,11 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--busy-poll-us",
-        type=int,
+        type=_microseconds,
         default=0,
         metavar="US",
         help="trade CPU for latency: a worker polls this long for its next request before "
         "sleeping, and the server polls while requests are in flight (0: off)",
+    )
+    serve.add_argument(
+        "--reply-poll-us",
+        type=_microseconds,
+        metavar="US",
+        help="after it sends a request to a worker, the server polls this long for the reply "
+        "before it sleeps, yielding the CPU to anyone runnable (default 2000; 0: off)",
     )
     serve.add_argument(
         "--grpc-uds",
@@ -107,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_fd=args.ready_fd,
         allow_client_shm=args.allow_client_shm,
         busy_poll_us=args.busy_poll_us,
+        **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlserve.core.manager import ManagerOptions
+from dlserve.core.manager import REPLY_POLL_US, ManagerOptions
 from dlserve.core.mps import MpsDaemon
 from dlserve.core.owners import OwnerOptions
 from dlserve.core.regions import AllowClientShm
@@ -43,6 +43,7 @@ class ServerOptions:
     shutdown_timeout: float = 30.0
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
     busy_poll_us: int = 0  # poll instead of sleeping between requests (workers and server)
+    reply_poll_us: int = REPLY_POLL_US  # the server polls this long for a worker's reply
     grpc_uds: str | None = None  # gRPC also listens on this Unix socket path
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
@@ -55,7 +56,9 @@ class Server:
             model_control_mode=options.model_control_mode,
             startup_models=list(options.load_models),
             manager=ManagerOptions(
-                in_process=options.in_process_workers, busy_poll_us=options.busy_poll_us
+                in_process=options.in_process_workers,
+                busy_poll_us=options.busy_poll_us,
+                reply_poll_us=options.reply_poll_us,
             ),
             allow_client_shm=options.allow_client_shm,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),

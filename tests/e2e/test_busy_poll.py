@@ -1,15 +1,26 @@
-"""``--busy-poll-us``: workers and the server poll instead of sleeping; answers stay right."""
+"""Polling: ``--busy-poll-us`` (workers and the server poll instead of sleeping) and
+``--reply-poll-us`` (the server polls a while for a reply, on by default; 0 turns it off):
+answers stay right either way, and a bad value is refused."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import EXAMPLES, run_server
 
 
-def test_a_busy_polling_server_answers_correctly() -> None:
-    with run_server(EXAMPLES, "--busy-poll-us", "300") as server:
+@pytest.mark.parametrize(
+    "flags",
+    [("--busy-poll-us", "300"), ("--reply-poll-us", "0"), ("--reply-poll-us", "50")],
+    ids=["busy-poll", "no-reply-poll", "short-reply-poll"],
+)
+def test_a_polling_server_answers_correctly(flags: tuple[str, str]) -> None:
+    with run_server(EXAMPLES, *flags) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         for n in range(20):
             a = np.full(16, n, np.float32)
@@ -22,3 +33,13 @@ def test_a_busy_polling_server_answers_correctly() -> None:
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
             np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
         client.close()
+
+
+@pytest.mark.parametrize("flag", ["--busy-poll-us", "--reply-poll-us"])
+def test_a_negative_polling_time_is_refused(flag: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dlserve", "serve", "--model-repository", str(EXAMPLES), flag, "-1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"{flag}: must be >= 0" in done.stderr

@@ -39,10 +39,14 @@ from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
 log = logging.getLogger("dlserve.models")
 
 
+REPLY_POLL_US = worker_client.REPLY_POLL_US
+
+
 @dataclass(slots=True)
 class ManagerOptions:
     in_process: bool = False
     busy_poll_us: int = 0  # workers poll for requests this long before sleeping
+    reply_poll_us: int = REPLY_POLL_US  # the server polls for a worker's reply this long
     load_timeout: float = 300.0
     stop_timeout: float = 30.0
 
@@ -123,7 +127,7 @@ class ModelManager:
     ) -> None:
         self.repository = repository
         self.options = options
-        worker_client.set_busy_poll(options.busy_poll_us)
+        worker_client.set_busy_poll(options.busy_poll_us, options.reply_poll_us)
         self.custom = custom
         self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}
