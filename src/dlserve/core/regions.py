@@ -19,6 +19,7 @@ register is a policy (``allow_client_shm``): local peers only by default.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import os
@@ -120,6 +121,7 @@ class RegionLease:
             region.users.add(worker)
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every request that names a region
 def is_local(peer: Peer | None) -> bool:
     """Whether ``peer`` is on this host: a Unix socket or a loopback address."""
     if peer is None:
