@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="0.6MB,77MB")
     parser.add_argument("--busy-poll-us", type=int, default=0, help="dlserve's --busy-poll-us")
     parser.add_argument("--mps", action="store_true", help="dlserve's --mps")
+    parser.add_argument("--dlserve-args", default="", help="more `dlserve serve` options")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         "--busy-poll-us",
         str(args.busy_poll_us),
         *(["--mps"] if args.mps else []),
+        *args.dlserve_args.split(),
     ) as server:
         for size in args.sizes.split(","):
             for model in ("gpu_pipeline", "bls_gpu_pipeline"):

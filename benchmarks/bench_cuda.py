@@ -163,10 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", default="1,4,8", help="client counts to measure")
     parser.add_argument("--busy-poll-us", type=int, default=0, help="dlserve's --busy-poll-us")
     parser.add_argument("--mps", action="store_true", help="dlserve's --mps")
+    parser.add_argument("--dlserve-args", default="", help="more `dlserve serve` options")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows = []
-    extra = ("--busy-poll-us", str(args.busy_poll_us), *(["--mps"] if args.mps else []))
+    extra = ("--busy-poll-us", str(args.busy_poll_us), *(["--mps"] if args.mps else []),
+             *args.dlserve_args.split())  # fmt: skip
     with _triton.run_dlserve(MODELS, *_triton.free_ports(3), *extra) as server:
         for size in args.sizes.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
