@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import socket
 import struct
 import zlib
@@ -31,7 +30,6 @@ from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError
 if TYPE_CHECKING:
     from dlserve.frontends.grpc.transport import GrpcServer
 
-log = logging.getLogger("dlserve.grpc")
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
 RESOURCE_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
