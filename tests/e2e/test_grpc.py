@@ -80,6 +80,19 @@ def test_live_and_ready(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_server_ready()
 
 
+def test_grpc_health_checking_protocol(example_server: RunningServer) -> None:
+    """grpc.health.v1.Health/Check, as Kubernetes' gRPC probes call it: SERVING (field 1
+    = 1 on the wire) while the server is ready, whatever service is named; no Watch."""
+    with grpc.insecure_channel(example_server.grpc_url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        assert check(b"", timeout=DEADLINE_S) == b"\x08\x01"
+        assert check(b"\x0a\x09inference", timeout=DEADLINE_S) == b"\x08\x01"
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch")
+        with pytest.raises(grpc.RpcError) as info:
+            list(watch(b"", timeout=DEADLINE_S))
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_model_ready(client: grpcclient.InferenceServerClient) -> None:
     assert client.is_model_ready("add_sub")
     assert client.is_model_ready("add_sub", "1")

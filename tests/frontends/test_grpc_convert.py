@@ -18,9 +18,9 @@ from dlserve import errors
 from dlserve.core.service import InferenceService
 from dlserve.core.trace import TraceSettings
 from dlserve.errors import FatalError
-from dlserve.frontends.grpc import control, convert
+from dlserve.frontends.grpc import control, convert, health
 from dlserve.frontends.grpc.errors import STATUS_CODES, RpcError, status_of
-from dlserve.frontends.grpc.servicer import create_grpc_server
+from dlserve.frontends.grpc.servicer import GrpcServicer, create_grpc_server
 from dlserve.types import (
     BatchStats,
     DurationStat,
@@ -552,3 +552,18 @@ def test_server_binds_a_free_port_and_refuses_a_taken_one() -> None:
         return port
 
     assert asyncio.run(bind_twice()) > 0
+
+
+def test_health_check_says_not_serving_while_the_server_is_not_ready() -> None:
+    class Readiness:
+        ready_now = False
+
+        def ready(self) -> bool:
+            return self.ready_now
+
+    readiness = Readiness()
+    servicer = GrpcServicer(cast(InferenceService, readiness))
+    check = health.HealthCheckRequest()
+    assert asyncio.run(servicer.health_check(check, None)).status == health.NOT_SERVING
+    readiness.ready_now = True
+    assert asyncio.run(servicer.health_check(check, None)).status == health.SERVING

@@ -24,7 +24,7 @@ from dlserve.errors import (
     InvalidArgumentError,
     UnsupportedError,
 )
-from dlserve.frontends.grpc import control, convert, shm
+from dlserve.frontends.grpc import control, convert, health, shm
 from dlserve.frontends.grpc.errors import error_message
 from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer
@@ -51,6 +51,10 @@ class GrpcServicer:
 
     async def server_ready(self, request: Any, context: Any) -> Any:
         return pb.ServerReadyResponse(ready=self._service.ready())
+
+    async def health_check(self, request: Any, context: Any) -> Any:
+        """grpc.health.v1.Health/Check: SERVING when the server is ready, as Triton."""
+        return health.check_response(self._service.ready())
 
     async def model_ready(self, request: Any, context: Any) -> Any:
         return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
@@ -259,7 +263,11 @@ def method_handlers(s: GrpcServicer) -> dict[str, Method]:
         "TraceSetting": _unary(s.trace_setting, pb.TraceSettingRequest, pb.TraceSettingResponse),
         "LogSettings": _unary(s.log_settings, pb.LogSettingsRequest, pb.LogSettingsResponse),
     }  # fmt: skip
-    return {f"/{SERVICE_NAME}/{name}": method for name, method in table.items()}
+    methods = {f"/{SERVICE_NAME}/{name}": method for name, method in table.items()}
+    methods[f"/{health.SERVICE}/Check"] = _unary(
+        s.health_check, health.HealthCheckRequest, health.HealthCheckResponse
+    )
+    return methods
 
 
 def create_grpc_server(
