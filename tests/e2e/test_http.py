@@ -690,3 +690,82 @@ def test_version_not_served(test_server: RunningServer) -> None:
     assert not client.is_model_ready("versioned", "2")
     status, message = error_of(test_server, "GET", "/v2/models/versioned/versions/2")
     assert status == 404 and "version 2" in message
+
+
+# --- raw binary requests (Inference-Header-Content-Length: 0) ---------------------------------
+
+
+RAW = {"Inference-Header-Content-Length": "0"}
+
+
+def _raw_infer(server: RunningServer, model: str, body: bytes) -> tuple[dict[str, Any], bytes]:
+    """A raw binary request that succeeds: the response's JSON header and binary data."""
+    status, headers, content = raw(server, "POST", f"/v2/models/{model}/infer", body, RAW)
+    assert status == 200, content
+    length = int(headers["inference-header-content-length"])
+    return json.loads(content[:length]), content[length:]
+
+
+def test_raw_binary_request(example_server: RunningServer) -> None:
+    """The body is the one input's data; its shape comes from the config (a batch of 1,
+    the -1 from the size); outputs come back as binary data."""
+    data = np.arange(8, dtype=np.float32).tobytes()
+    header, blob = _raw_infer(example_server, "identity_fp32", data)
+    (output,) = header["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("OUTPUT0", "FP32", [1, 8])
+    assert output["parameters"]["binary_data_size"] == len(data)
+    assert blob == data
+
+
+@pytest.fixture(scope="module")
+def raw_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """identity models whose configs a raw request can and cannot be deduced from."""
+    repository = tmp_path_factory.mktemp("raw_repo")
+    variants = {
+        "bytes_one": ("identity_bytes", "dims: [ -1 ]", "dims: [ 1 ]"),
+        "fp32_two_variable": ("identity_fp32", "dims: [ -1 ]", "dims: [ -1, -1 ]"),
+    }
+    for name, (source, old, new) in variants.items():
+        shutil.copytree(EXAMPLES / source, repository / name)
+        config = repository / name / "config.pbtxt"
+        text = config.read_text().replace(f'name: "{source}"', f'name: "{name}"')
+        config.write_text(text.replace(old, new))
+    with run_server(repository) as server:
+        yield server
+
+
+def test_raw_binary_bytes_input_is_one_element(raw_server: RunningServer) -> None:
+    header, blob = _raw_infer(raw_server, "bytes_one", b"427 as it came")
+    assert header["outputs"][0]["shape"] == [1]
+    assert blob == len(b"427 as it came").to_bytes(4, "little") + b"427 as it came"
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "message"),
+    [
+        ("add_sub", bytes(64),
+         "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+         "'add_sub' model configuration"),
+        ("identity_bytes", b"abc",
+         "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+        ("identity_fp32", bytes(10),
+         "input byte size mismatch for input 'INPUT0' for model 'identity_fp32'. "
+         "Expected 8, got 10"),
+    ],
+)  # fmt: skip
+def test_raw_binary_request_that_cannot_be_deduced(
+    example_server: RunningServer, model: str, body: bytes, message: str
+) -> None:
+    status, got = error_of(example_server, "POST", f"/v2/models/{model}/infer", body, RAW)
+    assert status == 400
+    assert message in got
+    still_serving(example_server)
+
+
+def test_raw_binary_request_with_two_variable_dims(raw_server: RunningServer) -> None:
+    status, got = error_of(raw_server, "POST", "/v2/models/fp32_two_variable/infer", bytes(16), RAW)
+    assert (status, got) == (
+        400,
+        "The shape of the raw input 'INPUT0' can not be deduced because there are more than "
+        "one variable-sized dimension",
+    )

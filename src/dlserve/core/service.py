@@ -19,6 +19,7 @@ from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
+from dlserve.core.raw_input import raw_input
 from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
@@ -26,6 +27,7 @@ from dlserve.core.trace import TraceSettings
 from dlserve.types import (
     InferRequest,
     InferResponse,
+    InputTensor,
     ModelMetadata,
     ModelState,
     ModelStatistics,
@@ -173,6 +175,11 @@ class InferenceService:
     def model_config(self, name: str, version: str = "") -> Any:
         """The model's ModelConfig message, as normalized and auto-completed."""
         return self.version(name, version).config
+
+    def raw_input(self, name: str, version: str, body: memoryview) -> InputTensor:
+        """The one input of a raw binary request (the body is its data), as Triton
+        deduces it from the model's config (``core/raw_input.py``)."""
+        return raw_input(name, self.version(name, version).config, body)
 
     def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_dict(self.model_config(name, version))

@@ -36,6 +36,7 @@ from dlserve.frontends.http.errors import error_body, error_reply
 from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE
 from dlserve.frontends.http.generate import GenerateEndpoint
 from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
+from dlserve.types import InferRequest
 
 log = logging.getLogger("dlserve.http")
 
@@ -168,11 +169,7 @@ def _header_length(raw: bytes | None, body_length: int) -> int:
         raise errors.InvalidArgumentError(
             f"inference header size should be in range (0, {body_length}), got: {length}"
         )
-    if length == 0:
-        raise errors.UnsupportedError(
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported"
-        )
-    return length
+    return length  # 0: a raw binary request, the whole body is the one input's data
 
 
 # --- the hot path -----------------------------------------------------------------------
@@ -228,7 +225,11 @@ class InferEndpoint:
         if headers.content_encoding:
             body = decompress(body, headers.content_encoding, self.limit)
         length = _header_length(headers.header_length, len(body))
-        request, plan = convert.parse_infer_request(body, length, model, version)
+        if length:
+            request, plan = convert.parse_infer_request(body, length, model, version)
+        else:  # raw binary: the outputs come back as binary data, as Triton sends them
+            raw = self.service.raw_input(model, version, memoryview(body))
+            request, plan = InferRequest(model, version, "", [raw], []), convert.OutputPlan(True)
         request.peer = peer_of(client)
         try:
             response = await self.service.infer(request)
