@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_fd=args.ready_fd,
         allow_client_shm=args.allow_client_shm,
         busy_poll_us=args.busy_poll_us,
+        log_verbose=args.log_verbose,
         **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,

@@ -47,6 +47,7 @@ class ServerOptions:
     grpc_uds: str | None = None  # gRPC also listens on this Unix socket path
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
+    log_verbose: int = 0  # --log-verbose
 
 
 class Server:
@@ -61,6 +62,7 @@ class Server:
                 reply_poll_us=options.reply_poll_us,
             ),
             allow_client_shm=options.allow_client_shm,
+            log_verbose=options.log_verbose,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)

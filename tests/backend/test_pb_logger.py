@@ -10,6 +10,7 @@ import pytest
 
 from dlserve import backend as pb_utils
 from dlserve.backend import link
+from dlserve.backend.logger import log_settings_env
 from dlserve.ipc import codec
 from dlserve.ipc.channel import BlockingChannel
 
@@ -76,3 +77,17 @@ def test_verbose_only_when_asked(
     pb_utils.Logger.log("loud", pb_utils.Logger.VERBOSE)
     assert capsys.readouterr().err.endswith("] loud\n")
     assert pb_utils.Logger.LogLevel.VERBOSE == pb_utils.LogLevel.VERBOSE
+
+
+def test_levels_the_log_settings_turn_off(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's environment says which levels print (the server's log settings)."""
+    env = log_settings_env(verbose=0, info=False, warning=True, error=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pb_utils.Logger.log_info("hidden")
+    pb_utils.Logger.log_error("hidden too")
+    assert capsys.readouterr().err == ""
+    pb_utils.Logger.log_warn("shown")
+    assert capsys.readouterr().err.endswith("] shown\n")

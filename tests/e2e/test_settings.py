@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import RunningServer
+from conftest import EXAMPLES, RunningServer, run_server
 
 
 def test_trace_settings_set_over_grpc_show_over_http(example_server: RunningServer) -> None:
@@ -24,3 +25,33 @@ def test_trace_settings_set_over_grpc_show_over_http(example_server: RunningServ
     assert http.get_trace_settings()["trace_rate"] == "1000"
     grpc.close()
     http.close()
+
+
+def _worker_log_settings(client: httpclient.InferenceServerClient, model: str) -> list[bytes]:
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.zeros(1, np.float32))
+    return list(client.infer(model, [tensor]).as_numpy("OUTPUT0"))
+
+
+def test_log_settings_reach_running_and_new_workers(test_server: RunningServer) -> None:
+    """pb_utils.Logger follows the log settings changed at run time: the running worker is
+    told before its next request, and a worker started afterwards starts with them."""
+    client = httpclient.InferenceServerClient(test_server.http_url)
+    try:
+        assert _worker_log_settings(client, "log_levels") == [b"0", b"info,warning,error"]
+        client.update_log_settings({"log_verbose_level": 2, "log_info": False})
+        assert _worker_log_settings(client, "log_levels") == [b"2", b"warning,error"]
+        client.unload_model("log_levels")
+        client.load_model("log_levels")  # a new worker process
+        assert _worker_log_settings(client, "log_levels") == [b"2", b"warning,error"]
+    finally:
+        client.update_log_settings({"log_verbose_level": 0, "log_info": True})
+    assert _worker_log_settings(client, "log_levels") == [b"0", b"info,warning,error"]
+    client.close()
+
+
+def test_log_verbose_at_startup_shows_in_the_log_settings() -> None:
+    with run_server(EXAMPLES, "--log-verbose", "1") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.get_log_settings()["log_verbose_level"] == 1
+        client.close()

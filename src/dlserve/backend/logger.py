@@ -2,9 +2,12 @@
 
 A line reads ``I0612 10:00:00.123456 4242 model.py:31] [model 'name'] message``: the
 level letter, UTC time, the process id, the caller's file and line (as Triton
-prints them) and the model the worker serves. Verbose lines appear only when
-``DLSERVE_LOG_VERBOSE`` is set to a level of 1 or more in the server's environment
-(Triton shows them only at ``--log-verbose`` >= 1).
+prints them) and the model the worker serves. Which levels print follows the server's
+log settings, as Triton's do: verbose lines only at a verbose level of 1 or more
+(``--log-verbose``), and info, warning and error lines unless the settings turn them
+off. A worker reads them from its environment (``DLSERVE_LOG_VERBOSE``,
+``DLSERVE_LOG_LEVELS``): set when it starts, and again when the settings change at run
+time (the server sends them, :func:`log_settings_env`).
 """
 
 from __future__ import annotations
@@ -35,11 +38,28 @@ _LETTERS: Final = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E
                    LogLevel.VERBOSE: "I"}  # fmt: skip
 
 
+VERBOSE_ENV: Final = "DLSERVE_LOG_VERBOSE"
+LEVELS_ENV: Final = "DLSERVE_LOG_LEVELS"  # the levels that print: "info,warning,error"
+_NAMES: Final = {LogLevel.INFO: "info", LogLevel.WARNING: "warning", LogLevel.ERROR: "error"}
+
+
 def verbose_enabled() -> bool:
     try:
-        return int(os.environ.get("DLSERVE_LOG_VERBOSE", "0")) >= 1
+        return int(os.environ.get(VERBOSE_ENV, "0")) >= 1
     except ValueError:
         return False
+
+
+def enabled(level: LogLevel) -> bool:
+    if level == LogLevel.VERBOSE:
+        return verbose_enabled()
+    return _NAMES[level] in os.environ.get(LEVELS_ENV, "info,warning,error").split(",")
+
+
+def log_settings_env(verbose: int, info: bool, warning: bool, error: bool) -> dict[str, str]:
+    """The environment that says which levels print."""
+    levels = [name for name, on in (("info", info), ("warning", warning), ("error", error)) if on]
+    return {VERBOSE_ENV: str(verbose), LEVELS_ENV: ",".join(levels)}
 
 
 def _caller() -> tuple[str, int]:
@@ -71,7 +91,7 @@ class Logger:
     @staticmethod
     def log(message: str, level: _Level = _Level.INFO) -> None:
         level = _Level(level)
-        if level == _Level.VERBOSE and not verbose_enabled():
+        if not enabled(level):
             return
         filename, lineno = _caller()
         worker = link.current()

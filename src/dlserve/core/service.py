@@ -24,6 +24,7 @@ from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.trace import TraceSettings
+from dlserve.ipc import messages as m
 from dlserve.types import (
     InferRequest,
     InferResponse,
@@ -38,6 +39,7 @@ from dlserve.types import (
     ServerMetadata,
     TensorMetadata,
 )
+from dlserve.workers import client as worker_client
 from dlserve.workers.client import WorkerReply
 from dlserve.workers.lending import return_lent
 
@@ -58,6 +60,7 @@ class ServiceOptions:
     manager: ManagerOptions = field(default_factory=ManagerOptions)
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
     owners: OwnerOptions = field(default_factory=OwnerOptions)  # reclaiming regions
+    log_verbose: int = 0  # --log-verbose: the log settings' first verbose level
 
 
 class InferenceService:
@@ -71,7 +74,7 @@ class InferenceService:
         self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
         self.log_settings: dict[str, Any] = {
             "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-            "log_verbose_level": 0, "log_format": "default",
+            "log_verbose_level": options.log_verbose, "log_format": "default",
         }  # fmt: skip
         self.trace = TraceSettings()
         self._started = False
@@ -411,6 +414,11 @@ class InferenceService:
                 raise errors.InvalidArgumentError(f"Logging setting '{key}' is unknown")
             self.log_settings[key] = value
         self._apply_log_level()
+        settings = self.log_settings
+        worker_client.apply_log_settings(m.LogSettings(
+            int(settings["log_verbose_level"]), bool(settings["log_info"]),
+            bool(settings["log_warning"]), bool(settings["log_error"]),
+        ))  # fmt: skip
         return dict(self.log_settings)
 
     def _apply_log_level(self) -> None:

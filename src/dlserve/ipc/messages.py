@@ -127,6 +127,15 @@ class UnmapRegions(_Msg, tag=6):
     regions: list[int]
 
 
+class LogSettings(_Msg, tag=11):
+    """The server's log settings changed: which of the model's log lines print."""
+
+    verbose: int = 0
+    info: bool = True
+    warning: bool = True
+    error: bool = True
+
+
 class DropArenas(_Msg, tag=10):
     """These workers' arenas are gone (the worker stopped): drop their mappings."""
 
@@ -169,6 +178,7 @@ ServerToWorker = (
     | ControlReply
     | DropArenas
     | InferBatch
+    | LogSettings
 )
 
 # ---- worker -> server -----------------------------------------------------------------

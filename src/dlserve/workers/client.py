@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from dlserve import errors
+from dlserve.backend.logger import log_settings_env
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
-from dlserve.workers.lending import ArenaLending
+from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
 from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
 from dlserve.workers.streams import DecoupledStreams, StreamSink
 
@@ -102,6 +103,19 @@ def set_busy_poll(microseconds: int, reply_poll_us: int = REPLY_POLL_US) -> None
 
 def busy_poll_us() -> int:
     return _busy_poll_us
+
+
+def apply_log_settings(settings: m.LogSettings) -> None:
+    """New log settings for model code: workers started from now on inherit them (this
+    process's environment; in-process workers read it too), running ones are told."""
+    os.environ.update(
+        log_settings_env(settings.verbose, settings.info, settings.warning, settings.error)
+    )
+    told: set[int] = set()
+    for worker in list(ARENA_OWNERS.values()):
+        if isinstance(worker, WorkerBase) and id(worker) not in told:
+            told.add(id(worker))
+            worker.tell(settings)
 
 
 class _Spinner:
@@ -326,6 +340,11 @@ class WorkerBase(ArenaLending, DecoupledStreams):
             self._release = []
         channel.send(infer_message(placed, release), payload)
         return rids
+
+    def tell(self, message: m.ServerToWorker) -> None:
+        """Send a notice that wants no answer (the worker may be between requests or not)."""
+        if self._channel is not None:
+            self._channel.send(message)
 
     def unmap_regions(self, regions: list[int]) -> None:
         """These client regions are gone: the worker drops its mappings of them."""

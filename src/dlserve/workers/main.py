@@ -19,6 +19,7 @@ import sys
 from dlserve import backend
 from dlserve.backend import link
 from dlserve.backend.link import WorkerLink
+from dlserve.backend.logger import log_settings_env
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
@@ -119,6 +120,8 @@ class _Serving:
         elif isinstance(msg, m.UnmapRegions):
             if self.runner is not None:
                 self.runner.unmap_regions(msg.regions)
+        elif isinstance(msg, m.LogSettings):
+            os.environ.update(log_settings_env(msg.verbose, msg.info, msg.warning, msg.error))
         elif isinstance(msg, m.DropArenas):
             if self.runner is not None:
                 self.runner.peers.drop(msg.arenas)
