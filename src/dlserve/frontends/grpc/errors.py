@@ -31,10 +31,6 @@ STATUS_CODES: Final[Mapping[ErrorCode, grpc.StatusCode]] = MappingProxyType({
 })  # fmt: skip
 
 
-def status_code(code: ErrorCode) -> grpc.StatusCode:
-    return STATUS_CODES[code]
-
-
 def error_message(exc: Exception) -> str:
     """The text a client sees for a failure (a stream's ``error_message``)."""
     if isinstance(exc, DlserveError):
