@@ -130,7 +130,7 @@ class _Spinner:
     def __init__(self) -> None:
         self._waiting: list[dict[int, _Pending]] = []
         self._running = False
-        self._until = 0.0  # loop time after which the loop may sleep again
+        self._until = 0.0  # time.monotonic() after which the loop may sleep again
 
     def hold(self, pending: dict[int, _Pending]) -> None:
         # time.monotonic, not loop.time(): uvloop's clock moves in milliseconds
