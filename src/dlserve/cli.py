@@ -7,8 +7,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlserve import __version__
+
+if TYPE_CHECKING:
+    from dlserve.frontends.grpc.transport import TlsOptions
 
 
 def _microseconds(text: str) -> int:
@@ -16,6 +20,31 @@ def _microseconds(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
     return value
+
+
+def _flag(text: str) -> bool:
+    """Triton's boolean option values."""
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _grpc_tls(args: argparse.Namespace, parser: argparse.ArgumentParser) -> TlsOptions | None:
+    """The TLS options of the gRPC endpoint, or None; a missing file is a usage error."""
+    if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
+        return None
+    if not (args.grpc_server_cert and args.grpc_server_key):
+        parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+        parser.error("--grpc-use-ssl-mutual needs --grpc-root-cert")
+    from dlserve.frontends.grpc.transport import TlsOptions
+
+    return TlsOptions(
+        args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
+        args.grpc_use_ssl_mutual,
+    )  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         help="after it sends a request to a worker, the server polls this long for the reply "
         "before it sleeps, yielding the CPU to anyone runnable (default 2000; 0: off)",
     )
+    tls = serve.add_argument_group("gRPC over TLS (Triton's options)")
+    tls.add_argument("--grpc-use-ssl", type=_flag, nargs="?", const=True, default=False,
+                     metavar="BOOL", help="serve gRPC over TLS")  # fmt: skip
+    tls.add_argument("--grpc-use-ssl-mutual", type=_flag, nargs="?", const=True,
+                     default=False, metavar="BOOL",
+                     help="and require clients' certificates (implies --grpc-use-ssl)")  # fmt: skip
+    tls.add_argument("--grpc-server-cert", metavar="FILE", help="the server's certificate (PEM)")
+    tls.add_argument("--grpc-server-key", metavar="FILE", help="its private key (PEM)")
+    tls.add_argument("--grpc-root-cert", metavar="FILE",
+                     help="mutual TLS: the certificate clients' must chain to (PEM)")  # fmt: skip
     serve.add_argument(
         "--grpc-uds",
         default=None,
@@ -99,7 +138,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    tls = _grpc_tls(args, parser)
     level = logging.DEBUG if args.log_verbose else logging.INFO
     if args.log_verbose:  # workers inherit it: pb_utils.Logger.log_verbose prints
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
@@ -126,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,
+        grpc_tls=tls,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

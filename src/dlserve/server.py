@@ -21,6 +21,7 @@ from dlserve.core.repository import Repository
 from dlserve.core.service import InferenceService, ServiceOptions
 from dlserve.errors import FatalError
 from dlserve.frontends.grpc.servicer import create_grpc_server
+from dlserve.frontends.grpc.transport import TlsOptions
 from dlserve.frontends.http.app import create_http_app
 from dlserve.frontends.http.metrics import create_metrics_app
 from dlserve.frontends.http.server import HttpServer
@@ -48,6 +49,7 @@ class ServerOptions:
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
     log_verbose: int = 0  # --log-verbose
+    grpc_tls: TlsOptions | None = None  # --grpc-use-ssl and its files
 
 
 class Server:
@@ -82,6 +84,8 @@ class Server:
         """0. MPS, when asked  1. load models  2. open gRPC, HTTP, metrics  3. report."""
         if not self.options.model_repository.is_dir():
             raise FatalError(f"model repository {self.options.model_repository} is not a directory")
+        if self.options.grpc_tls is not None:
+            self.options.grpc_tls.context()  # unreadable files fail before any model loads
         if self.options.mps:  # before any CUDA context: workers inherit the environment
             # on this (the main) thread: the daemon is told to die with the thread that
             # started it; starting takes milliseconds
@@ -89,8 +93,9 @@ class Server:
             os.environ.update(self._mps.env)
         await self.service.startup()
         self._grpc = create_grpc_server(
-            self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds
-        )
+            self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds,
+            self.options.grpc_tls,
+        )  # fmt: skip
         self.ports = {
             "grpc_port": await self._grpc.start(),
             "http_port": await self._http.start(),

@@ -27,7 +27,7 @@ from dlserve.errors import (
 from dlserve.frontends.grpc import control, convert, health, shm
 from dlserve.frontends.grpc.errors import error_message
 from dlserve.frontends.grpc.rpc import Context, Method, Parts
-from dlserve.frontends.grpc.transport import GrpcServer
+from dlserve.frontends.grpc.transport import GrpcServer, TlsOptions
 from dlserve.types import InferRequest, Peer
 
 log = logging.getLogger("dlserve.grpc")
@@ -271,8 +271,10 @@ def method_handlers(s: GrpcServicer) -> dict[str, Method]:
 
 
 def create_grpc_server(
-    service: InferenceService, host: str, port: int, uds_path: str | None = None
-) -> GrpcServer:
-    """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port); with
-    ``uds_path``, also on that Unix socket (a stale socket file is replaced)."""
-    return GrpcServer(method_handlers(GrpcServicer(service)), host, port, uds_path)
+    service: InferenceService, host: str, port: int, uds_path: str | None = None,
+    tls: TlsOptions | None = None,
+) -> GrpcServer:  # fmt: skip
+    """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
+    with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
+    replaced)."""
+    return GrpcServer(method_handlers(GrpcServicer(service)), host, port, uds_path, tls)

@@ -1,5 +1,8 @@
 """dlserve's gRPC server: listens on TCP (and a Unix socket), runs calls of a method table.
 
+TCP may be TLS (``TlsOptions``: Triton's ``--grpc-use-ssl`` options); the Unix socket,
+for local clients, is not.
+
 It replaces grpc.aio's server (see ``h2.py`` for why). ``stop`` is a graceful
 shutdown as gRPC servers do it: GOAWAY to every client (no new calls), the calls in
 flight finish, then connections close; after ``timeout`` the rest are cancelled.
@@ -10,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from dlserve.errors import FatalError
 from dlserve.frontends.grpc.rpc import GrpcConnection, Method
@@ -19,14 +24,41 @@ from dlserve.frontends.grpc.rpc import GrpcConnection, Method
 _CANCEL_GRACE_S = 1.0  # how long cancelled calls get to unwind when stop() runs out of time
 
 
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """gRPC over TLS, with Triton's options: the server's certificate and key, and for
+    mutual TLS the root certificate that clients' certificates must chain to."""
+
+    server_cert: str
+    server_key: str
+    root_cert: str | None = None
+    mutual: bool = False
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.set_alpn_protocols(["h2"])  # gRPC clients insist on it
+        try:
+            context.load_cert_chain(self.server_cert, self.server_key)
+            if self.mutual:
+                if self.root_cert is None:
+                    raise FatalError("--grpc-use-ssl-mutual needs --grpc-root-cert")
+                context.load_verify_locations(self.root_cert)
+                context.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as exc:
+            raise FatalError(f"cannot set up TLS for gRPC: {exc}") from None
+        return context
+
+
 class GrpcServer:
     def __init__(
-        self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None
-    ) -> None:
+        self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
+        tls: TlsOptions | None = None,
+    ) -> None:  # fmt: skip
         self.methods = methods  # by path: "/inference.GRPCInferenceService/ModelInfer"
         self.host = host
         self.port = port
         self.uds_path = uds_path
+        self.tls = tls
         self.connections: set[GrpcConnection] = set()
         self.calls = 0  # in flight
         self.stopping = False
@@ -36,10 +68,11 @@ class GrpcServer:
     async def start(self) -> int:
         """Listen; the bound TCP port (``port`` 0 picks a free one)."""
         loop = asyncio.get_running_loop()
+        context = self.tls.context() if self.tls is not None else None
         try:
             server = await loop.create_server(
                 lambda: GrpcConnection(self), self.host, self.port, reuse_address=True,
-                backlog=1024,
+                backlog=1024, ssl=context,
             )  # fmt: skip
         except OSError as exc:
             address = f"{self.host}:{self.port}"
