@@ -119,16 +119,7 @@ def split_infer_request(data: bytes | memoryview) -> tuple[bytes | memoryview, l
 # -- parameters ------------------------------------------------------------------------
 def params_from_message(params: Any) -> Parameters:
     """A map<string, InferParameter> as python values."""
-    out: Parameters = {}
-    for key, param in params.items():
-        which = param.WhichOneof("parameter_choice")
-        if which is None:
-            raise InvalidArgumentError(
-                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
-                "double_param, uint64_param or string_param."
-            )
-        out[key] = getattr(param, which)
-    return out
+    return {key: shm.param_value(key, param) for key, param in params.items()}
 
 
 def fill_params(target: Any, params: Mapping[str, ParamValue]) -> None:
@@ -210,8 +201,7 @@ def _input_tensors(message: Any, raws: Sequence[memoryview]) -> list[InputTensor
         params: Parameters = {}
         region = None
         if tensor.parameters:
-            region = shm.region_of(tensor)
-            params = shm.without_region_keys(params_from_message(tensor.parameters))
+            params, region = shm.tensor_params(tensor)
         data: memoryview | None = None
         if region is not None:
             pass  # in a client's region: no bytes in the request
@@ -248,8 +238,8 @@ def _requested_outputs(message: Any) -> list[RequestedOutput]:
         if not output.parameters:
             outputs.append(RequestedOutput(output.name))
             continue
-        params = shm.without_region_keys(params_from_message(output.parameters))
-        outputs.append(RequestedOutput(output.name, params, shm.region_of(output)))
+        params, region = shm.tensor_params(output)
+        outputs.append(RequestedOutput(output.name, params, region))
     return outputs
 
 

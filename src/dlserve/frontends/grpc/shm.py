@@ -15,7 +15,7 @@ from urllib.parse import unquote
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.errors import InvalidArgumentError
-from dlserve.types import Parameters, Peer, RegionRef, RegionStatus
+from dlserve.types import Parameters, ParamValue, Peer, RegionRef, RegionStatus
 
 CLIENT_PID_HEADER: Final = "dlserve-client-pid"
 REGION_KEYS: Final = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
@@ -23,10 +23,36 @@ _RegionStatusMessage: Final = pb.SystemSharedMemoryStatusResponse.RegionStatus
 _CudaRegionStatusMessage: Final = pb.CudaSharedMemoryStatusResponse.RegionStatus
 
 
-def region_of(tensor: Any) -> RegionRef | None:
-    """The region an input or requested output names in its parameters, if any."""
-    params = tensor.parameters
-    name = tensor.name
+def tensor_params(tensor: Any) -> tuple[Parameters, RegionRef | None]:
+    """An input's or requested output's parameters as python values, less the ones that
+    name its region, and that region (None when it names none); one pass over the map."""
+    params: Parameters = {}
+    named: dict[str, Any] | None = None
+    for key, param in tensor.parameters.items():
+        if key in REGION_KEYS:
+            if named is None:
+                named = {}
+            named[key] = param
+        else:
+            params[key] = param
+    region = None if named is None else _region(tensor.name, named)
+    return {key: param_value(key, param) for key, param in params.items()}, region
+
+
+def param_value(key: str, param: Any) -> ParamValue:
+    """One InferParameter as a python value."""
+    which = param.WhichOneof("parameter_choice")
+    if which is None:
+        raise InvalidArgumentError(
+            f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+            "double_param, uint64_param or string_param."
+        )
+    value: ParamValue = getattr(param, which)
+    return value
+
+
+def _region(name: str, params: dict[str, Any]) -> RegionRef | None:
+    """The region the region keys among a tensor's parameters name, checked as Triton does."""
     region: str | None = None
     if "shared_memory_region" in params:
         param = params["shared_memory_region"]
@@ -48,7 +74,7 @@ def region_of(tensor: Any) -> RegionRef | None:
     return RegionRef(region, byte_size, offset or 0)
 
 
-def _int64_param(params: Any, key: str, tensor: str, region: str | None) -> int | None:
+def _int64_param(params: dict[str, Any], key: str, tensor: str, region: str | None) -> int | None:
     if key not in params:
         return None
     if region is None:
@@ -63,13 +89,6 @@ def _int64_param(params: Any, key: str, tensor: str, region: str | None) -> int 
         )
     value: int = param.int64_param
     return value
-
-
-def without_region_keys(params: Parameters) -> Parameters:
-    """A tensor's parameters less the ones that name its region (consumed here)."""
-    if not any(key in params for key in REGION_KEYS):
-        return params
-    return {k: v for k, v in params.items() if k not in REGION_KEYS}
 
 
 def status_response(regions: Sequence[RegionStatus]) -> Any:
