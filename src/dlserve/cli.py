@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         "repository API; poll: follow the repository's changes",
     )  # fmt: skip
     serve.add_argument(
+        "--strict-readiness", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
+        help="ready only while every model is READY (a model that failed to load makes the "
+        "server not ready); false: ready once started (default true, as Triton)",
+    )  # fmt: skip
+    serve.add_argument(
         "--repository-poll-secs", type=_seconds, default=15.0, metavar="SECONDS",
         help="poll mode: how often the repository is looked at (default 15)",
     )  # fmt: skip
@@ -172,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
         load_models=args.load_model,
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,

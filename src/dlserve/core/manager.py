@@ -84,6 +84,9 @@ class ModelVersion:
             await self.pool.stop(timeout)
 
 
+UNLOADED = "unloaded"  # the reason of a model unloaded on request (Triton's word)
+
+
 @dataclass(slots=True)
 class ModelEntry:
     """A model the server knows: its state, and its versions when loaded."""
@@ -356,7 +359,7 @@ class ModelManager:
             return
         async with entry.lock:
             await self._unload_locked(entry)
-            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED
 
     async def _unload_locked(self, entry: ModelEntry) -> None:
         if entry.versions:
