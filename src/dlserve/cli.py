@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         "repository API; poll: follow the repository's changes",
     )  # fmt: skip
     serve.add_argument(
+        "--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECONDS",
+        help="at shutdown, how long in-flight requests may take to finish before their "
+        "workers are stopped anyway (default 30, as Triton)",
+    )  # fmt: skip
+    serve.add_argument(
         "--strict-readiness", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
         help="ready only while every model is READY (a model that failed to load makes the "
         "server not ready); false: ready once started (default true, as Triton)",
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         strict_readiness=args.strict_readiness,
+        shutdown_timeout=args.exit_timeout_secs,
         load_models=args.load_model,
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,
