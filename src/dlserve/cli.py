@@ -70,6 +70,15 @@ def _parser() -> argparse.ArgumentParser:
         "repository API; poll: follow the repository's changes",
     )  # fmt: skip
     serve.add_argument(
+        "--disable-auto-complete-config", action="store_true",
+        help="do not call the models' auto_complete_config: configs must be complete",
+    )  # fmt: skip
+    serve.add_argument(
+        "--strict-model-config", type=_flag, nargs="?", const=True, default=False,
+        metavar="BOOL", help="true: the same as --disable-auto-complete-config (Triton's "
+        "older spelling; default false)",
+    )  # fmt: skip
+    serve.add_argument(
         "--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECONDS",
         help="at shutdown, how long in-flight requests may take to finish before their "
         "workers are stopped anyway (default 30, as Triton)",
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         repository_poll_secs=args.repository_poll_secs,
         strict_readiness=args.strict_readiness,
         shutdown_timeout=args.exit_timeout_secs,
+        auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
         load_models=args.load_model,
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,

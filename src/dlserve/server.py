@@ -39,6 +39,7 @@ class ServerOptions:
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0  # poll mode
     strict_readiness: bool = True  # --strict-readiness
+    auto_complete: bool = True  # call the models' auto_complete_config
     load_models: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
     in_process_workers: bool = False
@@ -67,6 +68,7 @@ class Server:
                 busy_poll_us=options.busy_poll_us,
                 reply_poll_us=options.reply_poll_us,
                 stop_timeout=options.shutdown_timeout,
+                auto_complete=options.auto_complete,
             ),
             allow_client_shm=options.allow_client_shm,
             log_verbose=options.log_verbose,

@@ -50,6 +50,7 @@ class ManagerOptions:
     reply_poll_us: int = REPLY_POLL_US  # the server polls for a worker's reply this long
     load_timeout: float = 300.0
     stop_timeout: float = 30.0
+    auto_complete: bool = True  # call the models' auto_complete_config (Triton's default)
 
 
 @dataclass(slots=True)
@@ -239,9 +240,10 @@ class ModelManager:
         self, source: ModelSource, version: int, raw: Any, worker: WorkerBase
     ) -> Any:
         template = self._template(source, version, raw, autocomplete=True)
-        msg = msgspec.structs.replace(
+        msg = msgspec.structs.replace(  # without auto-complete: the model is only imported
             template,
             instance_name=f"{source.name}_autocomplete",
+            autocomplete=self.options.auto_complete,
         )
         loaded = await worker.load(msg, self.options.load_timeout)
         config = cfg.config_from_json(
