@@ -437,8 +437,10 @@ def test_auto_complete_can_be_switched_off(tmp_path: Any, flags: tuple[str, ...]
     Triton; --strict-model-config false keeps it on."""
     shutil.copytree(TEST_MODELS / "auto_complete", tmp_path / "auto_complete")
     completes = flags == ("--strict-model-config", "false")
-    with run_server(tmp_path, *flags) as server:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            config = client.get_model_config("auto_complete").config
-            assert [i.name for i in config.input] == (["INPUT0", "INPUT1"] if completes else [])
-            assert config.max_batch_size == (4 if completes else 0)
+    with (
+        run_server(tmp_path, *flags) as server,
+        grpcclient.InferenceServerClient(server.grpc_url) as client,
+    ):
+        config = client.get_model_config("auto_complete").config
+        assert [i.name for i in config.input] == (["INPUT0", "INPUT1"] if completes else [])
+        assert config.max_batch_size == (4 if completes else 0)
