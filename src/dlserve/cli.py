@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
         help="none: load every model at startup; explicit: load and unload through the "
         "repository API; poll: follow the repository's changes",
     )  # fmt: skip
+    for endpoint in ("grpc", "http", "metrics"):
+        serve.add_argument(
+            f"--allow-{endpoint}", type=_flag, nargs="?", const=True, default=True,
+            metavar="BOOL", help=f"serve the {endpoint} endpoint (default true)",
+        )  # fmt: skip
     serve.add_argument(
         "--disable-auto-complete-config", action="store_true",
         help="do not call the models' auto_complete_config: configs must be complete",
@@ -175,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     tls = _grpc_tls(args, parser)
+    if not (args.allow_grpc or args.allow_http):
+        parser.error("--allow-grpc and --allow-http are both false: nothing would serve requests")
     level = logging.DEBUG if args.log_verbose else logging.INFO
     if args.log_verbose:  # workers inherit it: pb_utils.Logger.log_verbose prints
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
@@ -194,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         strict_readiness=args.strict_readiness,
         shutdown_timeout=args.exit_timeout_secs,
         auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
+        allow_grpc=args.allow_grpc,
+        allow_http=args.allow_http,
+        allow_metrics=args.allow_metrics,
         load_models=args.load_model,
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,

@@ -116,3 +116,36 @@ def test_exit_timeout_bounds_the_wait_for_a_request_that_does_not_finish(tmp_pat
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive
     assert _shm_names() <= before
+
+
+@pytest.mark.parametrize("off", ["grpc", "http", "metrics"])
+def test_an_endpoint_can_be_switched_off(off: str) -> None:
+    """--allow-grpc / --allow-http / --allow-metrics false: that endpoint is not served, the
+    others are."""
+    import tritonclient.http as httpclient
+
+    extra = ("--model-control-mode", "explicit", "--load-model", "plain", f"--allow-{off}", "false")
+    with run_server(TEST_MODELS, *extra) as s:
+        ports = {"grpc": s.grpc_port, "http": s.http_port, "metrics": s.metrics_port}
+        assert ports[off] == -1
+        assert all(port > 0 for name, port in ports.items() if name != off)
+        if off != "grpc":
+            with grpcclient.InferenceServerClient(s.grpc_url) as client:
+                assert client.is_model_ready("plain")
+        if off != "http":
+            client = httpclient.InferenceServerClient(s.http_url)
+            assert client.is_model_ready("plain")
+            client.close()
+
+
+def test_switching_off_both_inference_endpoints_is_refused() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "dlserve", "serve", "--model-repository", str(TEST_MODELS),
+         "--allow-grpc", "false", "--allow-http", "false"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "nothing would serve requests" in done.stderr
