@@ -22,8 +22,8 @@ import msgspec
 from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
+from dlserve.core import classification, warmup
 from dlserve.core import config as cfg
-from dlserve.core import warmup
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
@@ -66,6 +66,7 @@ class ModelVersion:
     scheduler: Scheduler | None = None
     ensemble: EnsemblePlan | None = None
     steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
+    labels: dict[str, list[str]] = field(default_factory=dict)  # outputs' label files
     decoupled: bool = field(init=False)  # from the config, read once
 
     def __post_init__(self) -> None:
@@ -257,6 +258,7 @@ class ModelManager:
     ) -> ModelVersion:
         template = self._template(source, version, config, autocomplete=False)
         samples = warmup.plan(config, source.path)
+        labels = classification.load_labels(config, source.path)
         pool = WorkerPool(
             instance_specs(config),
             template,
@@ -274,8 +276,9 @@ class ModelManager:
         stats = ModelStats(source.name, str(version))
         scheduler = Scheduler(source.name, pool, config, stats)
         return ModelVersion(
-            source.name, version, config, RequestValidator(config), stats, pool, scheduler
-        )
+            source.name, version, config, RequestValidator(config), stats, pool, scheduler,
+            labels=labels,
+        )  # fmt: skip
 
     # -- ensembles ----------------------------------------------------------------------
     async def _start_ensemble(
@@ -302,6 +305,7 @@ class ModelManager:
                     f"version {step.model_version} is not loaded."
                 )
         steps_ready = functools.partial(self._steps_ready, plan)
+        labels = classification.load_labels(config, source.path)
         versions = {
             v: ModelVersion(
                 source.name,
@@ -311,6 +315,7 @@ class ModelManager:
                 ModelStats(source.name, str(v)),
                 ensemble=plan,
                 steps_ready=steps_ready,
+                labels=labels,
             )
             for v in select_versions(source, config)
         }

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlserve import __version__, errors
-from dlserve.core import cuda_check, streams
+from dlserve.core import classification, cuda_check, streams
 from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
 from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
@@ -226,6 +226,7 @@ class InferenceService:
                 "the streaming endpoint"
             )
         parameters: dict[str, Any] = {}
+        classes = classification.requested(request) if request.outputs else {}
         try:
             if loaded.ensemble is not None:
                 outputs = await self._run_ensemble(loaded, request, received)
@@ -235,6 +236,9 @@ class InferenceService:
                 outputs = reply_outputs(loaded, reply)
                 if reply.parameters:
                     parameters = dict(reply.parameters)
+            if classes:
+                batched = loaded.config.max_batch_size > 0
+                outputs = classification.apply(outputs, classes, batched, loaded.labels)
         except errors.DlserveError as exc:
             loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise
