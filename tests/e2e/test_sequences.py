@@ -1,0 +1,354 @@
+"""Triton's sequence batcher through a real server, tritonclient gRPC and HTTP.
+
+The model (tests/models/sequence_acc and its variants) keeps one running sum per
+instance, reset by the START control input, so a sequence's sum is right only if all
+its requests reach the instance its START went to; it reports its process id, the
+control inputs it received, request.correlation_id(), request.flags() and
+request.parameters(). A "gate" request holds an instance inside execute (FIFO
+handshake) while the test queues others, seen through Triton's pending-request gauge.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import select
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import TEST_MODELS, RunningServer, repository_of, run_server
+
+DEADLINE_S = 60.0
+MODELS = ("sequence_acc", "sequence_acc_str", "sequence_acc_batched", "sequence_acc_idle",
+          "sequence_oldest", "plain")  # fmt: skip
+REPORTED = ("SUM", "PID", "START", "END", "READY", "CORRID", "ID", "FLAGS", "PARAMS")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    models = (TEST_MODELS / name for name in MODELS)
+    with run_server(repository_of(tmp_path_factory.mktemp("sequence_repo"), *models)) as running:
+        yield running
+
+
+@pytest.fixture
+def grpc(server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(server.grpc_url) as connected:
+        yield connected
+
+
+@pytest.fixture(params=["grpc", "http"])
+def client(request: pytest.FixtureRequest, server: RunningServer) -> Iterator[Any]:
+    if request.param == "grpc":
+        with grpcclient.InferenceServerClient(server.grpc_url) as connected:
+            yield connected
+    else:
+        with httpclient.InferenceServerClient(server.http_url) as connected:
+            yield connected
+
+
+def _inputs(client: Any, value: int, batch: int = 0) -> list[Any]:
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    data = np.full([batch, 1] if batch else [1], value, np.int32)
+    tensor = module.InferInput("INPUT", list(data.shape), "INT32")
+    tensor.set_data_from_numpy(data)
+    return [tensor]
+
+
+def _report(result: Any) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for name in REPORTED:
+        value = result.as_numpy(name).reshape(-1)[0]
+        seen[name] = value.decode() if isinstance(value, bytes) else value.item()
+    return seen
+
+
+def infer(client: Any, model: str, value: int, batch: int = 0, **kwargs: Any) -> dict[str, Any]:
+    """One request; what the model saw."""
+    return _report(client.infer(model, _inputs(client, value, batch), **kwargs))
+
+
+def fails(client: Any, model: str, value: int, **kwargs: Any) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(model, _inputs(client, value), **kwargs)
+    print(f"{model} {kwargs}: {caught.value.status()} {caught.value.message()}")
+    return caught.value
+
+
+def _code(error: InferenceServerException) -> str:
+    """The status as a name, whichever protocol said it."""
+    status = str(error.status())
+    return {"400": "INVALID_ARGUMENT", "499": "CANCELLED", "503": "UNAVAILABLE"}.get(
+        status, status.removeprefix("StatusCode.")
+    )
+
+
+class Pending:
+    """One asynchronous gRPC request of a sequence, and its outcome."""
+
+    def __init__(self, client: Any, model: str, value: int, **kwargs: Any) -> None:
+        self._results: queue.Queue[Any] = queue.Queue()
+        self.call = client.async_infer(model, _inputs(client, value), self._done, **kwargs)
+
+    def _done(self, result: Any, error: Any) -> None:
+        self._results.put(error if error is not None else result)
+
+    def outcome(self) -> Any:
+        return self._results.get(timeout=DEADLINE_S)
+
+    def result(self) -> dict[str, Any]:
+        outcome = self.outcome()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return _report(outcome)
+
+
+class Gate:
+    """A request of a sequence that holds its instance inside execute until released."""
+
+    def __init__(self, client: Any, model: str, folder: Path, value: int, **kwargs: Any) -> None:
+        self.started = folder / f"started-{uuid.uuid4().hex}"
+        self.go = folder / f"go-{uuid.uuid4().hex}"
+        for fifo in (self.started, self.go):
+            os.mkfifo(fifo)
+        params = {"started": str(self.started), "go": str(self.go)}
+        self.request = Pending(client, model, value, parameters=params, **kwargs)
+        fd = os.open(self.started, os.O_RDONLY | os.O_NONBLOCK)
+        try:  # the handshake: execute has begun once it writes its line
+            readable, _, _ = select.select([fd], [], [], DEADLINE_S)
+            assert readable, "the gate request did not reach execute"
+            assert os.read(fd, 64) == b"started\n"
+        finally:
+            os.close(fd)
+
+    def release(self) -> dict[str, Any]:
+        with open(self.go, "w") as go:
+            go.write("go\n")
+        return self.request.result()
+
+
+def wait_pending(server: RunningServer, model: str, count: int) -> None:
+    """Poll the pending-request gauge until it reads ``count`` (there is no event)."""
+    pattern = rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$'
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        with urllib.request.urlopen(server.metrics_url, timeout=DEADLINE_S) as response:
+            found = re.search(pattern, response.read().decode(), re.MULTILINE)
+        assert found is not None
+        if int(float(found[1])) == count:
+            return
+        assert time.monotonic() < deadline, f"{model}: {found[1]} pending, expected {count}"
+        time.sleep(0.01)
+
+
+def counts(grpc: Any, model: str) -> tuple[int, int]:
+    stats = grpc.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+
+# -- affinity and what the model sees -------------------------------------------------------
+def test_interleaved_sequences_keep_their_own_instance_and_sum(client: Any, grpc: Any) -> None:
+    before = counts(grpc, "sequence_acc")
+    a, b = 1001, 1002
+    steps = [  # (sequence, value, start, end): the two sequences interleaved
+        (a, 1, True, False), (b, 10, True, False), (a, 2, False, False),
+        (b, 20, False, False), (a, 3, False, True), (b, 30, False, True),
+    ]  # fmt: skip
+    seen: dict[int, list[dict[str, Any]]] = {a: [], b: []}
+    for sequence, value, start, end in steps:
+        report = infer(client, "sequence_acc", value, sequence_id=sequence,
+                       sequence_start=start, sequence_end=end)  # fmt: skip
+        seen[sequence].append(report)
+    for sequence, reports in seen.items():
+        print(sequence, [(r["SUM"], r["PID"]) for r in reports])
+    assert [r["SUM"] for r in seen[a]] == [1, 3, 6]
+    assert [r["SUM"] for r in seen[b]] == [10, 30, 60]
+    assert len({r["PID"] for r in seen[a]}) == 1 and len({r["PID"] for r in seen[b]}) == 1
+    assert seen[a][0]["PID"] != seen[b][0]["PID"]  # two instances, one sequence each
+    after = counts(grpc, "sequence_acc")
+    assert (after[0] - before[0], after[1] - before[1]) == (6, 6)
+
+
+def test_the_model_sees_the_control_inputs_id_and_flags(client: Any) -> None:
+    sequence = 42
+    first = infer(client, "sequence_acc", 1, sequence_id=sequence, sequence_start=True)
+    middle = infer(client, "sequence_acc", 1, sequence_id=sequence)
+    last = infer(client, "sequence_acc", 1, sequence_id=sequence, sequence_end=True)
+    alone = infer(client, "sequence_acc", 5, sequence_id=43, sequence_start=True,
+                  sequence_end=True)  # fmt: skip
+    for name, report in (("first", first), ("middle", middle), ("last", last), ("alone", alone)):
+        print(name, report)
+    expected = {"START": 1, "END": 0.0, "READY": True, "CORRID": "42", "ID": "42",
+                "FLAGS": 1, "PARAMS": "{}"}  # fmt: skip
+    assert {k: first[k] for k in expected} == expected  # sequence_* parameters consumed
+    assert (middle["START"], middle["END"], middle["FLAGS"], middle["SUM"]) == (0, 0.0, 0, 2)
+    assert (last["START"], last["END"], last["FLAGS"], last["SUM"]) == (0, 1.0, 2, 3)
+    assert (alone["START"], alone["END"], alone["FLAGS"], alone["ID"]) == (1, 1.0, 3, "43")
+    assert alone["SUM"] == 5
+
+
+def test_string_ids_reach_the_model_as_strings(client: Any) -> None:
+    first = infer(client, "sequence_acc_str", 4, sequence_id="user-7", sequence_start=True)
+    last = infer(client, "sequence_acc_str", 5, sequence_id="user-7", sequence_end=True)
+    print(first, last)
+    assert (first["ID"], first["CORRID"], first["FLAGS"]) == ("'user-7'", "user-7", 1)
+    assert (last["SUM"], last["FLAGS"]) == (9, 2)
+    # the same text as an id of the integer-id model is refused, and the other way round
+    error = fails(client, "sequence_acc", 1, sequence_id="user-7", sequence_start=True)
+    assert _code(error) == "INVALID_ARGUMENT"
+    assert error.message() == (
+        "sequence batching control 'CORRID' data-type is 'BYTES', but model "
+        "'sequence_acc' expects 'UINT64'"
+    )
+    error = fails(client, "sequence_acc_str", 1, sequence_id=7, sequence_start=True)
+    assert "data-type is 'UINT64', but model 'sequence_acc_str' expects 'BYTES'" in (
+        error.message()
+    )
+
+
+def test_a_batching_model_gets_control_inputs_with_a_batch_dimension(client: Any) -> None:
+    first = infer(client, "sequence_acc_batched", 3, batch=1, sequence_id=2**32 + 5,
+                  sequence_start=True)  # fmt: skip
+    last = infer(client, "sequence_acc_batched", 4, batch=1, sequence_id=2**32 + 5,
+                 sequence_end=True)  # fmt: skip
+    print(first, last)
+    # CORRID is TYPE_INT32: the low 32 bits of the id, as Triton copies them
+    assert (first["START"], first["READY"], first["CORRID"], first["SUM"]) == (1, 1.0, "5", 3)
+    assert (last["START"], last["FLAGS"], last["SUM"]) == (0, 2, 7)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("sequence_acc_batched", _inputs(client, 1, batch=2), sequence_id=9,
+                     sequence_start=True)  # fmt: skip
+    assert caught.value.message() == (
+        "inference request to model 'sequence_acc_batched' must specify batch-size 1 due to "
+        "requirements of sequence batcher"
+    )
+
+
+def test_a_model_without_sequence_batching_gets_the_id_and_flags_too(client: Any) -> None:
+    """Triton gives every request its correlation id and flags; the model decides."""
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    tensor = module.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    client.infer("plain", [tensor], sequence_id=5, sequence_start=True)  # no error
+
+
+# -- Triton's errors ----------------------------------------------------------------------
+def test_requests_without_a_sequence_are_refused(client: Any) -> None:
+    error = fails(client, "sequence_acc", 1)
+    assert _code(error) == "INVALID_ARGUMENT"
+    assert error.message() == (
+        "inference request to model 'sequence_acc' must specify a non-zero or non-empty "
+        "correlation ID"
+    )
+    error = fails(client, "sequence_acc", 1, sequence_id=777)
+    assert _code(error) == "INVALID_ARGUMENT"
+    assert error.message() == (
+        "inference request for sequence 777 to model 'sequence_acc' must specify the START "
+        "flag on the first request of the sequence"
+    )
+    error = fails(client, "sequence_acc_str", 1, sequence_id="nobody", sequence_end=True)
+    assert "for sequence nobody to model 'sequence_acc_str' must specify the START flag" in (
+        error.message()
+    )
+
+
+def test_an_ended_sequence_takes_no_more_requests(client: Any) -> None:
+    infer(client, "sequence_acc", 1, sequence_id=55, sequence_start=True, sequence_end=True)
+    error = fails(client, "sequence_acc", 1, sequence_id=55)
+    assert "must specify the START flag" in error.message()
+
+
+def test_a_second_start_restarts_the_sequence_on_its_instance(client: Any) -> None:
+    """Triton's behaviour: a START for an active id is a conflict it logs; the new
+    sequence goes on in the same slot (the model sees START again)."""
+    first = infer(client, "sequence_acc", 5, sequence_id=66, sequence_start=True)
+    again = infer(client, "sequence_acc", 7, sequence_id=66, sequence_start=True)
+    last = infer(client, "sequence_acc", 1, sequence_id=66, sequence_end=True)
+    print(first, again, last)
+    assert (first["SUM"], again["SUM"], last["SUM"]) == (5, 7, 8)
+    assert first["PID"] == again["PID"] == last["PID"]
+
+
+def test_an_idle_sequence_loses_its_slot(client: Any) -> None:
+    """max_sequence_idle_microseconds is 1: the sequence is idle once its request has
+    gone to the instance. Its next request needs a START; the model's only slot is free
+    for another sequence (which would otherwise wait for the first one's END)."""
+    infer(client, "sequence_acc_idle", 1, sequence_id=7, sequence_start=True)
+    error = fails(client, "sequence_acc_idle", 2, sequence_id=7)
+    assert _code(error) == "INVALID_ARGUMENT"
+    assert "inference request for sequence 7 to model 'sequence_acc_idle' must specify the " \
+        "START flag" in error.message()  # fmt: skip
+    other = infer(client, "sequence_acc_idle", 3, sequence_id=8, sequence_start=True)
+    assert other["SUM"] == 3
+
+
+def test_a_cancelled_request_ends_its_sequence_and_frees_the_slot(
+    grpc: Any, server: RunningServer, tmp_path: Path
+) -> None:
+    # sequence 1 holds an instance; its second request waits behind it, then is cancelled
+    gate = Gate(grpc, "sequence_acc", tmp_path, 1, sequence_id=301, sequence_start=True)
+    doomed = Pending(grpc, "sequence_acc", 2, sequence_id=301)
+    wait_pending(server, "sequence_acc", 1)
+    doomed.call.cancel()
+    wait_pending(server, "sequence_acc", 0)
+    assert "CANCELLED" in str(doomed.outcome().status())
+    assert gate.release()["SUM"] == 1
+    error = fails(grpc, "sequence_acc", 3, sequence_id=301)  # the sequence is over
+    assert "must specify the START flag" in error.message()
+    # both slots are free: two new sequences run at once, each on its own instance
+    gates = [Gate(grpc, "sequence_acc", tmp_path, 10 * i, sequence_id=310 + i,
+                  sequence_start=True) for i in (1, 2)]  # fmt: skip
+    results = [g.release() for g in gates]
+    print("after the cancel:", [(r["SUM"], r["PID"]) for r in results])
+    assert [r["SUM"] for r in results] == [10, 20]
+    assert results[0]["PID"] != results[1]["PID"]
+    for i in (1, 2):
+        infer(grpc, "sequence_acc", 0, sequence_id=310 + i, sequence_end=True)
+
+
+def test_a_third_sequence_waits_in_the_backlog_for_a_slot(
+    grpc: Any, server: RunningServer, tmp_path: Path
+) -> None:
+    """Two instances, one slot each: a third sequence waits until one of them ends."""
+    gate = Gate(grpc, "sequence_acc", tmp_path, 1, sequence_id=401, sequence_start=True)
+    infer(grpc, "sequence_acc", 2, sequence_id=402, sequence_start=True)
+    third = Pending(grpc, "sequence_acc", 3, sequence_id=403, sequence_start=True)
+    wait_pending(server, "sequence_acc", 1)
+    ended = infer(grpc, "sequence_acc", 5, sequence_id=402, sequence_end=True)
+    result = third.result()
+    print("ended:", ended, "third:", result)
+    assert (ended["SUM"], result["SUM"]) == (7, 3)  # 403 took 402's slot and sum's reset
+    assert result["PID"] == ended["PID"]
+    assert gate.release()["SUM"] == 1
+    for sequence in (401, 403):
+        infer(grpc, "sequence_acc", 0, sequence_id=sequence, sequence_end=True)
+
+
+# -- configuration ---------------------------------------------------------------------------
+def test_an_unsupported_sequence_option_makes_the_model_unavailable(grpc: Any) -> None:
+    rows = grpc.get_model_repository_index(as_json=True)["models"]
+    row = next(r for r in rows if r["name"] == "sequence_oldest")
+    print(row)
+    assert row["state"] == "UNAVAILABLE"
+    assert row["reason"] == (
+        "model 'sequence_oldest': sequence_batching 'oldest' (several sequences batched into "
+        "one execute) is not supported by dlserve (supported: the direct strategy with "
+        "control inputs START, END, READY and CORRID, and max_sequence_idle_microseconds)"
+    )
+    assert not grpc.is_model_ready("sequence_oldest")
+
+
+def test_the_config_shows_triton_default_idle_time(grpc: Any) -> None:
+    config = grpc.get_model_config("sequence_acc_batched", as_json=True)["config"]
+    assert int(config["sequence_batching"]["max_sequence_idle_microseconds"]) == 1_000_000
