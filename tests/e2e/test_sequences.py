@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import select
+import threading
 import time
 import urllib.request
 import uuid
@@ -31,7 +32,7 @@ from conftest import TEST_MODELS, RunningServer, repository_of, run_server
 
 DEADLINE_S = 60.0
 MODELS = ("sequence_acc", "sequence_acc_str", "sequence_acc_batched", "sequence_acc_idle",
-          "sequence_oldest", "plain")  # fmt: skip
+          "sequence_oldest", "sequence_bls")  # fmt: skip
 REPORTED = ("SUM", "PID", "START", "END", "READY", "CORRID", "ID", "FLAGS", "PARAMS")
 
 
@@ -235,12 +236,27 @@ def test_a_batching_model_gets_control_inputs_with_a_batch_dimension(client: Any
     )
 
 
-def test_a_model_without_sequence_batching_gets_the_id_and_flags_too(client: Any) -> None:
-    """Triton gives every request its correlation id and flags; the model decides."""
-    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
-    tensor = module.InferInput("INPUT0", [1], "FP32")
-    tensor.set_data_from_numpy(np.ones(1, np.float32))
-    client.infer("plain", [tensor], sequence_id=5, sequence_start=True)  # no error
+def test_bls_passes_the_id_and_flags_to_a_stateful_model(client: Any) -> None:
+    """sequence_bls has no sequence batching: Triton gives it the id and flags anyway, and
+    its BLS requests with correlation_id= and flags= are a sequence of sequence_acc."""
+
+    def call(value: int, **kwargs: Any) -> dict[str, Any]:
+        result = client.infer("sequence_bls", _inputs(client, value), sequence_id=900, **kwargs)
+        seen = {}
+        for name in ("SUM", "ID", "FLAGS", "MY_ID", "MY_FLAGS"):
+            item = result.as_numpy(name).reshape(-1)[0]
+            seen[name] = item.decode() if isinstance(item, bytes) else item.item()
+        return seen
+
+    reports = [call(4, sequence_start=True), call(5), call(6, sequence_end=True)]
+    print(reports)
+    assert [r["SUM"] for r in reports] == [4, 9, 15]
+    assert [r["FLAGS"] for r in reports] == [r["MY_FLAGS"] for r in reports] == [1, 0, 2]
+    assert {r["ID"] for r in reports} == {r["MY_ID"] for r in reports} == {"900"}
+    error = fails(client, "sequence_bls", 1, sequence_id=900)  # the sequence has ended
+    assert "for sequence 900 to model 'sequence_acc' must specify the START flag" in (
+        error.message()
+    )
 
 
 # -- Triton's errors ----------------------------------------------------------------------
@@ -352,3 +368,41 @@ def test_an_unsupported_sequence_option_makes_the_model_unavailable(grpc: Any) -
 def test_the_config_shows_triton_default_idle_time(grpc: Any) -> None:
     config = grpc.get_model_config("sequence_acc_batched", as_json=True)["config"]
     assert int(config["sequence_batching"]["max_sequence_idle_microseconds"]) == 1_000_000
+
+
+# -- unload ----------------------------------------------------------------------------------
+def test_unload_runs_what_is_queued_and_does_not_wait_for_open_sequences(
+    tmp_path: Path,
+) -> None:
+    """Sequence 1 is open (no END) and idle; sequence 2 has a request executing and one
+    queued behind it. Unloading finishes sequence 2's requests, does not wait for sequence
+    1's END (the drain limit is 30 s), and after a reload no sequence survives."""
+    repository = repository_of(tmp_path / "repo", TEST_MODELS / "sequence_acc")
+    with (
+        run_server(repository, "--model-control-mode", "explicit") as server,
+        grpcclient.InferenceServerClient(server.grpc_url) as grpc,
+    ):
+        grpc.load_model("sequence_acc")
+        infer(grpc, "sequence_acc", 1, sequence_id=1, sequence_start=True)
+        gate = Gate(grpc, "sequence_acc", tmp_path, 5, sequence_id=2, sequence_start=True)
+        queued = Pending(grpc, "sequence_acc", 6, sequence_id=2)
+        wait_pending(server, "sequence_acc", 1)
+        unloading: queue.Queue[float] = queue.Queue()
+
+        def unload() -> None:  # blocks while the gate holds the model: a thread of its own
+            with grpcclient.InferenceServerClient(server.grpc_url) as own:
+                own.unload_model("sequence_acc")
+            unloading.put(time.monotonic())
+
+        started = time.monotonic()
+        threading.Thread(target=unload, daemon=True).start()
+        assert gate.release()["SUM"] == 5
+        assert queued.result()["SUM"] == 11  # ran before the version went away
+        finished = unloading.get(timeout=DEADLINE_S)
+        print(f"unloaded {finished - started:.2f} s after it was asked for")
+        assert finished - started < 10.0
+        assert not grpc.is_model_ready("sequence_acc")
+        grpc.load_model("sequence_acc")
+        error = fails(grpc, "sequence_acc", 1, sequence_id=1)
+        assert "must specify the START flag" in error.message()
+        assert infer(grpc, "sequence_acc", 3, sequence_id=1, sequence_start=True)["SUM"] == 3
