@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
 from dlserve.core import config as cfg
+from dlserve.core import warmup
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
@@ -224,6 +225,7 @@ class ModelManager:
         self, source: ModelSource, version: int, config: Any, first: WorkerBase | None
     ) -> ModelVersion:
         template = self._template(source, version, config, autocomplete=False)
+        samples = warmup.plan(config, source.path)
         pool = WorkerPool(
             instance_specs(config),
             template,
@@ -233,6 +235,11 @@ class ModelManager:
             calls=self.calls,
         )
         await pool.start(first)
+        try:
+            await warmup.run(pool, samples)
+        except BaseException:
+            await pool.stop(timeout=5.0)
+            raise
         stats = ModelStats(source.name, str(version))
         kind = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
         scheduler = kind(source.name, pool, config, stats)
