@@ -98,9 +98,10 @@ def _code(error: InferenceServerException) -> str:
 class Pending:
     """One asynchronous gRPC request of a sequence, and its outcome."""
 
-    def __init__(self, client: Any, model: str, value: int, **kwargs: Any) -> None:
+    def __init__(self, client: Any, model: str, value: int, batch: int = 0, **kwargs: Any) -> None:
         self._results: queue.Queue[Any] = queue.Queue()
-        self.call = client.async_infer(model, _inputs(client, value), self._done, **kwargs)
+        inputs = _inputs(client, value, batch)
+        self.call = client.async_infer(model, inputs, self._done, **kwargs)
 
     def _done(self, result: Any, error: Any) -> None:
         self._results.put(error if error is not None else result)
@@ -118,13 +119,15 @@ class Pending:
 class Gate:
     """A request of a sequence that holds its instance inside execute until released."""
 
-    def __init__(self, client: Any, model: str, folder: Path, value: int, **kwargs: Any) -> None:
+    def __init__(
+        self, client: Any, model: str, folder: Path, value: int, batch: int = 0, **kwargs: Any
+    ) -> None:
         self.started = folder / f"started-{uuid.uuid4().hex}"
         self.go = folder / f"go-{uuid.uuid4().hex}"
         for fifo in (self.started, self.go):
             os.mkfifo(fifo)
         params = {"started": str(self.started), "go": str(self.go)}
-        self.request = Pending(client, model, value, parameters=params, **kwargs)
+        self.request = Pending(client, model, value, batch, parameters=params, **kwargs)
         fd = os.open(self.started, os.O_RDONLY | os.O_NONBLOCK)
         try:  # the handshake: execute has begun once it writes its line
             readable, _, _ = select.select([fd], [], [], DEADLINE_S)
@@ -153,9 +156,14 @@ def wait_pending(server: RunningServer, model: str, count: int) -> None:
         time.sleep(0.01)
 
 
-def counts(grpc: Any, model: str) -> tuple[int, int]:
+def counts(grpc: Any, model: str) -> tuple[int, int, dict[int, int]]:
+    """inference_count, execution_count, and executions per batch size."""
     stats = grpc.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+    batches = {
+        int(b["batch_size"]): int(b["compute_infer"].get("count", 0))
+        for b in stats.get("batch_stats", [])
+    }
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0)), batches
 
 
 # -- affinity and what the model sees -------------------------------------------------------
@@ -179,6 +187,7 @@ def test_interleaved_sequences_keep_their_own_instance_and_sum(client: Any, grpc
     assert seen[a][0]["PID"] != seen[b][0]["PID"]  # two instances, one sequence each
     after = counts(grpc, "sequence_acc")
     assert (after[0] - before[0], after[1] - before[1]) == (6, 6)
+    assert after[2][1] - before[2].get(1, 0) == 6  # six executions of one request
 
 
 def test_the_model_sees_the_control_inputs_id_and_flags(client: Any) -> None:
@@ -197,6 +206,29 @@ def test_the_model_sees_the_control_inputs_id_and_flags(client: Any) -> None:
     assert (last["START"], last["END"], last["FLAGS"], last["SUM"]) == (0, 1.0, 2, 3)
     assert (alone["START"], alone["END"], alone["FLAGS"], alone["ID"]) == (1, 1.0, 3, "43")
     assert alone["SUM"] == 5
+
+
+def test_sequences_bound_to_one_instance_share_an_execute(
+    grpc: Any, server: RunningServer, tmp_path: Path
+) -> None:
+    """max_batch_size 4: four slots on the one instance. While sequence 501 holds it, the
+    first requests of 502 and 503 wait, then go to the model in one execute (one request
+    per sequence), which the statistics count as one execution of batch size 2."""
+    model = "sequence_acc_batched"
+    before = counts(grpc, model)
+    gate = Gate(grpc, model, tmp_path, 1, batch=1, sequence_id=501, sequence_start=True)
+    waiting = [Pending(grpc, model, 10, 1, sequence_id=s, sequence_start=True) for s in (502, 503)]
+    wait_pending(server, model, 2)
+    gate.release()
+    results = [p.result() for p in waiting]
+    print([(r["CORRID"], r["START"], r["PID"]) for r in results])
+    assert [(r["CORRID"], r["START"]) for r in results] == [("502", 1), ("503", 1)]
+    after = counts(grpc, model)
+    print("statistics:", after, "before:", before)
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 2)
+    assert after[2].get(2, 0) - before[2].get(2, 0) == 1
+    for sequence in (501, 502, 503):
+        infer(grpc, model, 0, batch=1, sequence_id=sequence, sequence_end=True)
 
 
 def test_string_ids_reach_the_model_as_strings(client: Any) -> None:
