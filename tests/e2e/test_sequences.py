@@ -32,7 +32,7 @@ from conftest import TEST_MODELS, RunningServer, repository_of, run_server
 
 DEADLINE_S = 60.0
 MODELS = ("sequence_acc", "sequence_acc_str", "sequence_acc_batched", "sequence_acc_idle",
-          "sequence_oldest", "sequence_bls")  # fmt: skip
+          "sequence_oldest", "sequence_bls", "sequence_stream")  # fmt: skip
 REPORTED = ("SUM", "PID", "START", "END", "READY", "CORRID", "ID", "FLAGS", "PARAMS")
 
 
@@ -289,6 +289,28 @@ def test_bls_passes_the_id_and_flags_to_a_stateful_model(client: Any) -> None:
     assert "for sequence 900 to model 'sequence_acc' must specify the START flag" in (
         error.message()
     )
+
+
+def test_a_decoupled_model_streams_a_sequence(server: RunningServer) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        steps = ((3, {"sequence_start": True}), (4, {}), (5, {"sequence_end": True}))
+        for value, flags in steps:
+            client.async_stream_infer(
+                "sequence_stream", _inputs(client, value), sequence_id="s-1", **flags
+            )
+        sums = []
+        for _ in range(6):  # two responses per request, in order: one instance, one slot
+            result, error = results.get(timeout=DEADLINE_S)
+            assert error is None, error
+            sums.append(int(result.as_numpy("SUM")[0]))
+        client.async_stream_infer("sequence_stream", _inputs(client, 1), sequence_id="s-1")
+        result, error = results.get(timeout=DEADLINE_S)
+        client.stop_stream()
+    print(sums, error)
+    assert sums == [0, 3, 3, 7, 7, 12]
+    assert error is not None and "must specify the START flag" in error.message()
 
 
 # -- Triton's errors ----------------------------------------------------------------------
