@@ -103,8 +103,10 @@ def test_reload_warms_the_new_instance(client: grpcclient.InferenceServerClient)
 def test_a_bad_sample_makes_the_model_unavailable(
     client: grpcclient.InferenceServerClient, warmup: list[Any], reason: str
 ) -> None:
+    bad = config_with(client, warmup)
+    client.unload_model(MODEL)
     with pytest.raises(InferenceServerException) as raised:
-        client.load_model(MODEL, config=config_with(client, warmup))
+        client.load_model(MODEL, config=bad)
     assert reason in raised.value.message()
     assert not client.is_model_ready(MODEL)
     index = {m.name: m for m in client.get_model_repository_index().models}
@@ -112,6 +114,24 @@ def test_a_bad_sample_makes_the_model_unavailable(
     assert reason in index[MODEL].reason
     client.load_model(MODEL)  # its own config again: warmed up and serving
     assert len(history(client)) == 5
+
+
+def test_a_failed_reload_leaves_the_loaded_model_serving(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """As in Triton: the loaded model serves while the new one starts, and stays when the
+    new one cannot start (its instance is the one that served before)."""
+    client.load_model(MODEL)
+    before = history(client)
+    with pytest.raises(InferenceServerException) as raised:
+        client.load_model(
+            MODEL, config=config_with(client, [sample("f", input_data_file="fails.bin")])
+        )
+    assert "failed to run warmup sample 'f'" in raised.value.message()
+    assert client.is_model_ready(MODEL)
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index[MODEL].state == "READY"
+    assert history(client) == [*before, [[[0.5]]]]  # the same instance, warmed once
 
 
 def test_the_worker_of_a_failed_warmup_is_gone(

@@ -142,23 +142,50 @@ class ModelManager:
         self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
     ) -> None:
         """(Re)load a model; raises the reason it could not be loaded. ``files``: the
-        model's files, sent with the request (``file:<path>`` -> bytes)."""
+        model's files, sent with the request (``file:<path>`` -> bytes).
+
+        A model that is loaded serves on while its new versions start, as in Triton: they
+        replace it once they are ready (no loss of availability), and if they cannot
+        start it stays as it was."""
         entry = self.models.get(name)
         if entry is None:
             entry = self.models[name] = ModelEntry(name, ModelState.LOADING)
         async with entry.lock:
-            await self._unload_locked(entry)
-            entry.state, entry.reason = ModelState.LOADING, ""
+            serving = entry.state == ModelState.READY and bool(entry.versions)
+            if not serving:
+                await self._unload_locked(entry)
+                entry.state, entry.reason = ModelState.LOADING, ""
+            source = None
             try:
                 source = self.repository.source(name, config_json, files)
-                entry.path = source.path
-                entry.config, entry.versions = await self._start(source)
+                config, versions = await self._start(source)
             except errors.DlserveError as exc:
-                entry.state, entry.reason = ModelState.UNAVAILABLE, str(exc)
-                log.error("model '%s' is UNAVAILABLE: %s", name, exc)
+                self._failed_load(entry, serving, exc, source)
                 raise
-            entry.state = ModelState.READY
+            old_versions, old_path = (entry.versions, entry.path) if serving else ({}, None)
+            entry.path, entry.config, entry.versions = source.path, config, versions
+            entry.state, entry.reason = ModelState.READY, ""
             log.info("model '%s' versions %s are READY", name, sorted(entry.versions))
+            if old_versions:  # in-flight requests of the old versions finish first
+                timeout = self.options.stop_timeout
+                await asyncio.gather(*(v.stop(timeout) for v in old_versions.values()))
+            if old_path is not None and old_path != source.path:
+                self.repository.forget(old_path)
+
+    def _failed_load(
+        self, entry: ModelEntry, serving: bool, exc: errors.DlserveError,
+        source: ModelSource | None,
+    ) -> None:  # fmt: skip
+        if serving:
+            if source is not None and source.path != entry.path:
+                self.repository.forget(source.path)  # files sent with the failed request
+            log.error("model '%s' could not be reloaded; the loaded one serves on: %s",
+                      entry.name, exc)  # fmt: skip
+            return
+        if source is not None:
+            entry.path = source.path  # forgotten when the model is next loaded or unloaded
+        entry.state, entry.reason = ModelState.UNAVAILABLE, str(exc)
+        log.error("model '%s' is UNAVAILABLE: %s", entry.name, exc)
 
     async def _start(self, source: ModelSource) -> tuple[Any, dict[int, ModelVersion]]:
         name = source.name
