@@ -29,6 +29,7 @@ from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
 from dlserve.core.scheduler import Scheduler
+from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
@@ -274,7 +275,8 @@ class ModelManager:
             await pool.stop(timeout=5.0)
             raise
         stats = ModelStats(source.name, str(version))
-        scheduler = Scheduler(source.name, pool, config, stats)
+        kind = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
+        scheduler = kind(source.name, pool, config, stats)
         return ModelVersion(
             source.name, version, config, RequestValidator(config), stats, pool, scheduler,
             labels=labels,
