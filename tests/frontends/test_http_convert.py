@@ -16,7 +16,7 @@ from tritonclient.http import InferResult
 
 from dlserve import errors
 from dlserve.errors import ErrorCode
-from dlserve.frontends.http import app, convert
+from dlserve.frontends.http import app, bodies, convert
 from dlserve.frontends.http.errors import HTTP_STATUS, error_body, error_reply
 from dlserve.types import (
     BatchStats,
@@ -453,8 +453,8 @@ def _receiver(*chunks: bytes) -> Any:
 
 def test_body_over_the_limit_is_refused_unread() -> None:
     receive = _receiver(b"x")
-    with pytest.raises(app.BodyRefusedError) as info:
-        asyncio.run(app.read_body(receive, 2**31, 64))
+    with pytest.raises(bodies.BodyRefusedError) as info:
+        asyncio.run(bodies.read_body(receive, 2**31, 64))
     assert str(info.value).startswith(
         "request JSON size of 2147483648 bytes exceeds the maximum allowed input size of 64 bytes"
     )
@@ -463,14 +463,14 @@ def test_body_over_the_limit_is_refused_unread() -> None:
 
 def test_streamed_body_is_refused_once_over_the_limit() -> None:
     receive = _receiver(b"a" * 40, b"b" * 40, b"c" * 40)
-    with pytest.raises(app.BodyRefusedError, match="size of 80 bytes exceeds"):
-        asyncio.run(app.read_body(receive, None, 64))
+    with pytest.raises(bodies.BodyRefusedError, match="size of 80 bytes exceeds"):
+        asyncio.run(bodies.read_body(receive, None, 64))
     assert len(receive.calls) == 2
 
 
 def test_body_in_chunks_is_joined() -> None:
-    assert asyncio.run(app.read_body(_receiver(b"ab", b"cd"), None, 64)) == b"abcd"
-    assert asyncio.run(app.read_body(_receiver(b"ab"), 2, 64)) == b"ab"
+    assert asyncio.run(bodies.read_body(_receiver(b"ab", b"cd"), None, 64)) == b"abcd"
+    assert asyncio.run(bodies.read_body(_receiver(b"ab"), 2, 64)) == b"ab"
 
 
 def test_disconnect_while_reading() -> None:
@@ -478,26 +478,26 @@ def test_disconnect_while_reading() -> None:
         return {"type": "http.disconnect"}
 
     with pytest.raises(errors.CancelledError):
-        asyncio.run(app.read_body(receive, None, 64))
+        asyncio.run(bodies.read_body(receive, None, 64))
 
 
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 def test_decompress(encoding: bytes) -> None:
     data = b"hello " * 100
     packed = gzip.compress(data) if encoding == b"gzip" else zlib.compress(data)
-    assert app.decompress(packed, encoding, 1000) == data
+    assert bodies.decompress(packed, encoding, 1000) == data
     with pytest.raises(errors.InvalidArgumentError, match="maximum allowed input size of 100"):
-        app.decompress(packed, encoding, 100)
+        bodies.decompress(packed, encoding, 100)
     with pytest.raises(errors.InvalidArgumentError, match="failed to decompress"):
-        app.decompress(b"not compressed", encoding, 1000)
+        bodies.decompress(b"not compressed", encoding, 1000)
     with pytest.raises(errors.InvalidArgumentError, match="it is truncated"):
-        app.decompress(packed[: len(packed) // 2], encoding, 1000)
+        bodies.decompress(packed[: len(packed) // 2], encoding, 1000)
 
 
 def test_unknown_content_encoding_is_unsupported() -> None:
     with pytest.raises(errors.UnsupportedError, match="Unsupported compression type"):
-        app.decompress(b"x", b"br", 10)
-    assert app.decompress(b"x", b"identity", 10) == b"x"
+        bodies.decompress(b"x", b"br", 10)
+    assert bodies.decompress(b"x", b"identity", 10) == b"x"
 
 
 @pytest.mark.parametrize(
@@ -511,22 +511,22 @@ def test_unknown_content_encoding_is_unsupported() -> None:
     ],
 )
 def test_response_encoding(accept: bytes, chosen: bytes) -> None:
-    assert app._response_encoding(accept) == chosen
+    assert bodies.response_encoding(accept) == chosen
 
 
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 def test_compress_parts(encoding: bytes) -> None:
-    packed = app.compress([b"ab", memoryview(b"cd")], encoding)
-    assert app.decompress(packed, encoding, 100) == b"abcd"
+    packed = bodies.compress([b"ab", memoryview(b"cd")], encoding)
+    assert bodies.decompress(packed, encoding, 100) == b"abcd"
 
 
 def test_header_length() -> None:
-    assert app._header_length(None, 10) == 10
-    assert app._header_length(b"4", 10) == 4
+    assert bodies.header_length(None, 10) == 10
+    assert bodies.header_length(b"4", 10) == 4
     with pytest.raises(errors.InvalidArgumentError, match=r"should be in range \(0, 10\), got: 11"):
-        app._header_length(b"11", 10)
+        bodies.header_length(b"11", 10)
     with pytest.raises(errors.InvalidArgumentError, match="Unable to parse"):
-        app._header_length(b"ten", 10)
+        bodies.header_length(b"ten", 10)
 
 
 # --- the OpenAPI document ---------------------------------------------------------------------

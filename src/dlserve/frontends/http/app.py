@@ -17,9 +17,7 @@ import base64
 import binascii
 import logging
 import re
-import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ from starlette.routing import Route
 
 from dlserve import errors
 from dlserve.core.service import InferenceService
-from dlserve.frontends.http import convert
+from dlserve.frontends.http import bodies, convert
 from dlserve.frontends.http.errors import error_body, error_reply
 from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE
 from dlserve.frontends.http.generate import GenerateEndpoint
@@ -55,121 +53,6 @@ _OPENAPI = Path(__file__).resolve().parents[4] / "docs" / "openapi.json"
 def create_http_app(service: InferenceService, max_input_size: int = 64 * 2**20) -> HttpApp:
     """The ASGI app that serves ``service`` over HTTP."""
     return HttpApp(service, max_input_size)
-
-
-# --- request bodies ---------------------------------------------------------------------
-
-
-class BodyRefusedError(errors.InvalidArgumentError):
-    """The body is larger than the limit: refused before (or while) it is read."""
-
-
-@dataclass(slots=True)
-class _Headers:
-    content_length: int | None = None
-    content_encoding: bytes = b""
-    accept_encoding: bytes = b""
-    header_length: bytes | None = None
-
-
-def _scan_headers(raw: list[tuple[bytes, bytes]]) -> _Headers:
-    found = _Headers()
-    for name, value in raw:
-        if name == b"content-length":
-            try:
-                found.content_length = int(value)
-            except ValueError:
-                raise errors.InvalidArgumentError(
-                    f"Unable to parse Content-Length, got: {value.decode('latin-1')}"
-                ) from None
-        elif name == b"inference-header-content-length":
-            found.header_length = value
-        elif name == b"content-encoding":
-            found.content_encoding = value.strip().lower()
-        elif name == b"accept-encoding":
-            found.accept_encoding = value.lower()
-    return found
-
-
-def _too_large(size: int, limit: int) -> BodyRefusedError:
-    return BodyRefusedError(
-        f"request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} "
-        "bytes. Use --http-max-input-size to increase the limit."
-    )
-
-
-async def read_body(receive: Receive, content_length: int | None, limit: int) -> bytes:
-    """The whole request body, refused unread when Content-Length is over ``limit``
-    and refused as soon as a streamed (chunked) body grows past it."""
-    if content_length is not None and content_length > limit:
-        raise _too_large(content_length, limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise errors.CancelledError("the client closed the connection")
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    """Undo Content-Encoding gzip or deflate; the result is bounded by ``limit`` too."""
-    if encoding in (b"", b"identity"):
-        return body
-    if encoding not in (b"gzip", b"deflate"):
-        raise errors.UnsupportedError("Unsupported compression type")
-    inflater = zlib.decompressobj(wbits=47)  # 32 + 15: zlib or gzip header, found by itself
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise errors.InvalidArgumentError(f"failed to decompress the request body: {exc}") from None
-    if len(out) <= limit and not inflater.eof:
-        raise errors.InvalidArgumentError("failed to decompress the request body: it is truncated")
-    if len(out) > limit:
-        raise errors.InvalidArgumentError(
-            f"decompressed request size exceeds the maximum allowed input size of {limit} bytes"
-        )
-    return out
-
-
-def _response_encoding(accept: bytes) -> bytes:
-    """The first of gzip / deflate that Accept-Encoding names (and does not refuse)."""
-    if not accept:
-        return b""
-    for token in accept.split(b","):
-        name, _, params = token.partition(b";")
-        name = name.strip()
-        if name in (b"gzip", b"deflate") and params.replace(b" ", b"") not in (b"q=0", b"q=0.0"):
-            return name
-    return b""
-
-
-def compress(parts: list[bytes | memoryview], encoding: bytes) -> bytes:
-    deflater = zlib.compressobj(wbits=31 if encoding == b"gzip" else 15)
-    return b"".join([*(deflater.compress(p) for p in parts), deflater.flush()])
-
-
-def _header_length(raw: bytes | None, body_length: int) -> int:
-    """Where the JSON header ends: Inference-Header-Content-Length, else the whole body."""
-    if raw is None:
-        return body_length
-    try:
-        length = int(raw)
-    except ValueError:
-        raise errors.InvalidArgumentError(
-            f"Unable to parse Inference-Header-Content-Length, got: {raw.decode('latin-1')}"
-        ) from None
-    if length < 0 or length > body_length:
-        raise errors.InvalidArgumentError(
-            f"inference header size should be in range (0, {body_length}), got: {length}"
-        )
-    return length  # 0: a raw binary request, the whole body is the one input's data
 
 
 # --- the hot path -----------------------------------------------------------------------
@@ -207,7 +90,7 @@ class InferEndpoint:
         parts: list[bytes | memoryview]
         scope[CANCEL_ON_CLOSE] = True  # a client that goes away leaves the queue
         try:
-            headers = _scan_headers(scope["headers"])
+            headers = bodies.scan_headers(scope["headers"])
             client = scope.get("client")
             status, out, parts = await self._infer(model, version, headers, receive, client)
         except errors.DlserveError as exc:
@@ -219,12 +102,12 @@ class InferEndpoint:
         await send_reply(send, status, out, parts)
 
     async def _infer(
-        self, model: str, version: str, headers: _Headers, receive: Receive, client: object
+        self, model: str, version: str, headers: bodies.Headers, receive: Receive, client: object
     ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:
-        body = await read_body(receive, headers.content_length, self.limit)
+        body = await bodies.read_body(receive, headers.content_length, self.limit)
         if headers.content_encoding:
-            body = decompress(body, headers.content_encoding, self.limit)
-        length = _header_length(headers.header_length, len(body))
+            body = bodies.decompress(body, headers.content_encoding, self.limit)
+        length = bodies.header_length(headers.header_length, len(body))
         if length:
             request, plan = convert.parse_infer_request(body, length, model, version)
         else:  # raw binary: the outputs come back as binary data, as Triton sends them
@@ -242,9 +125,9 @@ class InferEndpoint:
         out = [_OCTETS, (b"inference-header-content-length", str(len(header)).encode())]
         if not blobs:
             out = [_JSON]
-        encoding = _response_encoding(headers.accept_encoding)
+        encoding = bodies.response_encoding(headers.accept_encoding)
         if encoding:
-            parts = [compress(parts, encoding)]
+            parts = [bodies.compress(parts, encoding)]
             out.append((b"content-encoding", encoding))
         return 200, out, parts
 
@@ -311,8 +194,8 @@ class HttpApp:
         ]
 
     async def _raw_body(self, scope: Scope, receive: Receive) -> bytes:
-        headers = _scan_headers(scope["headers"])
-        return await read_body(receive, headers.content_length, self.limit)
+        headers = bodies.scan_headers(scope["headers"])
+        return await bodies.read_body(receive, headers.content_length, self.limit)
 
     async def _body(self, request: Request, what: str) -> convert.JsonObject:
         body = await self._raw_body(request.scope, request.receive)
