@@ -29,6 +29,7 @@ from dlserve.core.regions import AllowClientShm, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.stats import failure_reason
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
+from dlserve.core.system_metrics import SystemCollector
 from dlserve.core.trace import TraceSettings
 from dlserve.types import (
     InferRequest,
@@ -73,7 +74,9 @@ class InferenceService:
         self.options = options
         self.regions = RegionRegistry(options.allow_client_shm)
         self.owners = RegionOwners([self.regions], options.owners)
-        self.metrics = Metrics(lambda: self.manager.all_stats(), [ReclaimCollector(self.owners)])
+        self.metrics = Metrics(
+            lambda: self.manager.all_stats(), [ReclaimCollector(self.owners), SystemCollector()]
+        )
         self.bls = BlsRouter(self)
         self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
         self._log = LogSettings(options.log_verbose)
