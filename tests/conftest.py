@@ -141,3 +141,51 @@ def test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         shutil.copytree(model, repository / model.name)
     with run_server(repository, "--model-control-mode", "explicit", "--load-model", "*") as server:
         yield server
+
+
+def pending_requests(server: RunningServer, model: str) -> int:
+    """Triton's pending-request gauge of ``model`` (version 1), from the metrics endpoint."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(server.metrics_url, timeout=60) as response:
+        text = response.read().decode()
+    pattern = rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$'
+    found = re.search(pattern, text, re.MULTILINE)
+    assert found is not None, text
+    return int(float(found[1]))
+
+
+def wait_pending(server: RunningServer, model: str, count: int, deadline_s: float = 60) -> None:
+    """Ask the gauge until it reads ``count`` (there is no event; each ask is a round trip)."""
+    deadline = time.monotonic() + deadline_s
+    while (now := pending_requests(server, model)) != count:
+        assert time.monotonic() < deadline, f"{model}: {now} pending, expected {count}"
+
+
+class FifoGate:
+    """The handshake of a model that holds a request inside ``execute``: the request's
+    ``started`` and ``go`` parameters name two FIFOs; execute writes "started" to the first,
+    then waits for a line on the second."""
+
+    def __init__(self, folder: Path) -> None:
+        import uuid
+
+        self.started = folder / f"started-{uuid.uuid4().hex}"
+        self.go = folder / f"go-{uuid.uuid4().hex}"
+        for fifo in (self.started, self.go):
+            os.mkfifo(fifo)
+        self.parameters = {"started": str(self.started), "go": str(self.go)}
+
+    def wait_started(self, deadline_s: float = 60) -> None:
+        fd = os.open(self.started, os.O_RDONLY | os.O_NONBLOCK)
+        try:  # execute has begun once it writes its line
+            readable, _, _ = select.select([fd], [], [], deadline_s)
+            assert readable, "the gated request did not reach execute"
+            assert os.read(fd, 64) == b"started\n"
+        finally:
+            os.close(fd)
+
+    def open(self) -> None:
+        with open(self.go, "w") as go:
+            go.write("go\n")

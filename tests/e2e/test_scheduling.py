@@ -11,15 +11,12 @@ test sees them queued through Triton's ``nv_inference_pending_request_count`` ga
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
-import select
 import socket
 import struct
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, RunningServer, repository_of, run_server
+from conftest import (
+    TEST_MODELS,
+    FifoGate,
+    RunningServer,
+    repository_of,
+    run_server,
+    wait_pending,
+)
 
 DEADLINE_S = 60.0
 MODELS = ("batched", "batched_preferred", "batched_limits", "serial")
@@ -90,41 +94,13 @@ class Gate:
     """A request that holds the model's only instance inside execute until released."""
 
     def __init__(self, client: Any, model: str, folder: Path, batch: int = 1) -> None:
-        self.started = folder / f"started-{uuid.uuid4().hex}"
-        self.go = folder / f"go-{uuid.uuid4().hex}"
-        for fifo in (self.started, self.go):
-            os.mkfifo(fifo)
-        params = {"started": str(self.started), "go": str(self.go)}
-        self.request = Pending(client, model, 0.5, batch, parameters=params)
-        fd = os.open(self.started, os.O_RDONLY | os.O_NONBLOCK)
-        try:  # the handshake: execute has begun once it writes its line
-            readable, _, _ = select.select([fd], [], [], DEADLINE_S)
-            assert readable, "the gate request did not reach execute"
-            assert os.read(fd, 64) == b"started\n"
-        finally:
-            os.close(fd)
+        self.fifos = FifoGate(folder)
+        self.request = Pending(client, model, 0.5, batch, parameters=self.fifos.parameters)
+        self.fifos.wait_started(DEADLINE_S)
 
     def release(self) -> dict[str, int]:
-        with open(self.go, "w") as go:
-            go.write("go\n")
+        self.fifos.open()
         return self.request.result()
-
-
-def pending_requests(server: RunningServer, model: str) -> int:
-    with urllib.request.urlopen(server.metrics_url, timeout=DEADLINE_S) as response:
-        text = response.read().decode()
-    pattern = rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$'
-    found = re.search(pattern, text, re.MULTILINE)
-    assert found is not None, text
-    return int(float(found[1]))
-
-
-def wait_pending(server: RunningServer, model: str, count: int) -> None:
-    """Poll the pending-request gauge until it reads ``count`` (there is no event)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while (now := pending_requests(server, model)) != count:
-        assert time.monotonic() < deadline, f"{model}: {now} pending, expected {count}"
-        time.sleep(0.01)
 
 
 def stats(client: Any, model: str) -> dict[str, Any]:

@@ -10,14 +10,9 @@ handshake) while the test queues others, seen through Triton's pending-request g
 
 from __future__ import annotations
 
-import os
 import queue
-import re
-import select
 import threading
 import time
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +23,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, RunningServer, repository_of, run_server
+from conftest import (
+    TEST_MODELS,
+    FifoGate,
+    RunningServer,
+    repository_of,
+    run_server,
+    wait_pending,
+)
 
 DEADLINE_S = 60.0
 MODELS = ("sequence_acc", "sequence_acc_str", "sequence_acc_batched", "sequence_acc_idle",
@@ -122,38 +124,14 @@ class Gate:
     def __init__(
         self, client: Any, model: str, folder: Path, value: int, batch: int = 0, **kwargs: Any
     ) -> None:
-        self.started = folder / f"started-{uuid.uuid4().hex}"
-        self.go = folder / f"go-{uuid.uuid4().hex}"
-        for fifo in (self.started, self.go):
-            os.mkfifo(fifo)
-        params = {"started": str(self.started), "go": str(self.go)}
-        self.request = Pending(client, model, value, batch, parameters=params, **kwargs)
-        fd = os.open(self.started, os.O_RDONLY | os.O_NONBLOCK)
-        try:  # the handshake: execute has begun once it writes its line
-            readable, _, _ = select.select([fd], [], [], DEADLINE_S)
-            assert readable, "the gate request did not reach execute"
-            assert os.read(fd, 64) == b"started\n"
-        finally:
-            os.close(fd)
+        self.fifos = FifoGate(folder)
+        parameters = self.fifos.parameters
+        self.request = Pending(client, model, value, batch, parameters=parameters, **kwargs)
+        self.fifos.wait_started(DEADLINE_S)
 
     def release(self) -> dict[str, Any]:
-        with open(self.go, "w") as go:
-            go.write("go\n")
+        self.fifos.open()
         return self.request.result()
-
-
-def wait_pending(server: RunningServer, model: str, count: int) -> None:
-    """Poll the pending-request gauge until it reads ``count`` (there is no event)."""
-    pattern = rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\S+)$'
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        with urllib.request.urlopen(server.metrics_url, timeout=DEADLINE_S) as response:
-            found = re.search(pattern, response.read().decode(), re.MULTILINE)
-        assert found is not None
-        if int(float(found[1])) == count:
-            return
-        assert time.monotonic() < deadline, f"{model}: {found[1]} pending, expected {count}"
-        time.sleep(0.01)
 
 
 def counts(grpc: Any, model: str) -> tuple[int, int, dict[int, int]]:
