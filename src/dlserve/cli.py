@@ -116,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run model instances as threads of the server (for debugging)",
     )
     serve.add_argument("--log-verbose", type=int, default=0)
+    for level in ("info", "warning", "error"):
+        serve.add_argument(
+            f"--log-{level}", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
+            help=f"log {level} messages, the server's and the models' (default true)",
+        )  # fmt: skip
     serve.add_argument(
         "--allow-client-shm",
         choices=("local", "false", "any"),
@@ -211,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_client_shm=args.allow_client_shm,
         busy_poll_us=args.busy_poll_us,
         log_verbose=args.log_verbose,
+        log_levels=(args.log_info, args.log_warning, args.log_error),
         **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,

@@ -55,6 +55,7 @@ class ServerOptions:
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
     log_verbose: int = 0  # --log-verbose
+    log_levels: tuple[bool, bool, bool] = (True, True, True)  # --log-info/warning/error
     grpc_tls: TlsOptions | None = None  # --grpc-use-ssl and its files
 
 
@@ -75,6 +76,7 @@ class Server:
             ),
             allow_client_shm=options.allow_client_shm,
             log_verbose=options.log_verbose,
+            log_levels=options.log_levels,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, RunningServer, run_server
+from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
 
 
 def test_trace_settings_set_over_grpc_show_over_http(example_server: RunningServer) -> None:
@@ -54,4 +57,16 @@ def test_log_verbose_at_startup_shows_in_the_log_settings() -> None:
     with run_server(EXAMPLES, "--log-verbose", "1") as server:
         client = httpclient.InferenceServerClient(server.http_url)
         assert client.get_log_settings()["log_verbose_level"] == 1
+        client.close()
+
+
+def test_log_levels_at_startup_reach_the_settings_and_the_workers(tmp_path: Path) -> None:
+    shutil.copytree(TEST_MODELS / "log_levels", tmp_path / "log_levels")
+    with run_server(tmp_path, "--log-info", "false", "--log-warning=false") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        settings = client.get_log_settings()
+        assert (settings["log_info"], settings["log_warning"], settings["log_error"]) == (
+            False, False, True,
+        )  # fmt: skip
+        assert _worker_log_settings(client, "log_levels") == [b"0", b"error"]
         client.close()

@@ -66,6 +66,7 @@ class ServiceOptions:
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
     owners: OwnerOptions = field(default_factory=OwnerOptions)  # reclaiming regions
     log_verbose: int = 0  # --log-verbose: the log settings' first verbose level
+    log_levels: tuple[bool, bool, bool] = (True, True, True)  # info, warning, error
 
 
 class InferenceService:
@@ -80,6 +81,9 @@ class InferenceService:
         self.bls = BlsRouter(self)
         self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
         self._log = LogSettings(options.log_verbose)
+        if options.log_levels != (True, True, True):  # the server and every worker from now on
+            info, warning, error = options.log_levels
+            self._log.update({"log_info": info, "log_warning": warning, "log_error": error})
         self.trace = TraceSettings()
         self.poller: RepositoryPoller | None = None
         if options.model_control_mode == "poll":
