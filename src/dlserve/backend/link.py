@@ -58,6 +58,9 @@ class WorkerLink:
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
         self.upstream: list[str] = []  # BLS: the models upstream of the request executing
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
+        # flow control: decoupled requests' responses not yet taken by the consumer, by rid
+        self._windows: dict[int, _Window] = {}
+        self.stopping = False  # Shutdown has come: a send held back is given up
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
@@ -109,12 +112,61 @@ class WorkerLink:
                 self._stop_reading()
                 if frame is None:
                     continue
-                if _is_answer(frame[0]) or isinstance(frame[0], m.Cancel):
+                msg = frame[0]
+                if isinstance(msg, _ROUTED):  # answers, Cancel, Credit: handled here
                     self._dispatch(frame)
-                elif not self._queued:  # the usual case: hand it over directly
+                    continue
+                if isinstance(msg, m.Shutdown):  # a send held back gives up (flow control)
+                    self.stopping = True
+                    self._notify()
+                if not self._queued:  # the usual case: hand it over directly
                     return frame
-                else:
-                    self._queued.append(frame)
+                self._queued.append(frame)
+
+    # -- flow control: a decoupled request's responses not yet taken ----------------------
+    def open_window(self, rid: int) -> None:
+        """Request ``rid`` is decoupled: its sends are counted against the window."""
+        with self._lock:
+            self._windows[rid] = _Window()
+
+    def close_window(self, rid: int) -> None:
+        """Request ``rid`` has sent its final flag: credit that comes later is dropped."""
+        with self._lock:
+            self._windows.pop(rid, None)
+
+    def hold_send(self, rid: int, cancelled: Callable[[], bool]) -> bool:
+        """Wait until request ``rid`` may send one more response (its consumer has taken
+        enough of the earlier ones) and count it; whichever thread waits reads frames
+        meanwhile, as :meth:`wait_answer` does. False when the send is to be given up:
+        ``cancelled()`` turned true (the consumer left), the worker is stopping, or the
+        server has gone away."""
+        while True:
+            with self._lock:
+                while True:
+                    window = self._windows.get(rid)
+                    if window is None:
+                        return True  # not flow-controlled (or already final)
+                    if cancelled() or self.stopping or self._closed:
+                        return False
+                    if window.has_room():
+                        window.responses += 1
+                        return True
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._wait(None)
+            frame = self._read(None)
+            with self._lock:
+                self._stop_reading()
+                if frame is not None:
+                    self._dispatch(frame)
+
+    def sent_bytes(self, rid: int, nbytes: int) -> None:
+        """The response just counted by :meth:`hold_send` carries ``nbytes``."""
+        with self._lock:
+            window = self._windows.get(rid)
+            if window is not None:
+                window.nbytes += nbytes
 
     # -- calls: a question sent, answers awaited ------------------------------------------
     def next_call_id(self) -> int:
@@ -241,16 +293,24 @@ class WorkerLink:
                 for ref in msg.outputs:
                     if ref.where == m.Where.PEER_ARENA:
                         self.release_peer(ref.region, ref.offset)
+        elif isinstance(msg, m.Credit):
+            window = self._windows.get(msg.rid)
+            if window is not None:
+                window.responses -= msg.responses
+                window.nbytes -= msg.nbytes
         elif isinstance(msg, m.Cancel) and self.on_cancel is not None:
             self.on_cancel(msg.rid)
         elif isinstance(msg, m.Release) and self.on_release is not None:
             self.on_release(msg.offsets, msg.gpu)  # thread-safe: the serve loop may be busy
         elif not isinstance(msg, m.Cancel):
+            if isinstance(msg, m.Shutdown):
+                self.stopping = True
             self._queued.append(frame)
         self._notify()
 
 
 _ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply)  # a tuple: no union per call
+_ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit)  # what the serve loop's reader routes at once
 
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
@@ -260,6 +320,22 @@ def _is_answer(msg: m.ServerToWorker) -> bool:
 def _is_signal(msg: m.ServerToWorker) -> bool:
     """Frames handled at once by whichever thread reads them, not by the serve loop."""
     return isinstance(msg, m.Cancel | m.Release)
+
+
+class _Window:
+    """A decoupled request's responses sent and not yet taken by its consumer (guarded by
+    the link's lock): at most WINDOW_RESPONSES of them, or WINDOW_BYTES (one beyond)."""
+
+    __slots__ = ("nbytes", "responses")
+
+    def __init__(self) -> None:
+        self.responses = 0
+        self.nbytes = 0
+
+    def has_room(self) -> bool:
+        return self.responses < m.WINDOW_RESPONSES and (
+            self.nbytes < m.WINDOW_BYTES or self.responses == 0
+        )
 
 
 _local = threading.local()

@@ -90,6 +90,7 @@ async def _run_decoupled(
         try:
             while not final:
                 each = await replies.get()
+                worker.took(rid, sink, each)  # flow control: credit back to the model
                 final = each.final
                 if final and each.timings is not None:
                     service._record(loaded, WorkerReply([], each.timings), 1, received)
