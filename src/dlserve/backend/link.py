@@ -55,6 +55,7 @@ class WorkerLink:
         # output-arena space (and lent GPU outputs) back
         self.on_release: Callable[[list[int], list[int]], None] | None = None
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
+        self._call_stops: deque[int] = deque()  # decoupled BLS calls nobody listens to now
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
         self.upstream: list[str] = []  # BLS: the models upstream of the request executing
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
@@ -69,6 +70,8 @@ class WorkerLink:
                 self._channel.send(message, payload)
                 if self._peer_releases:
                     self._channel.send(self._take_peer_releases())
+                while self._call_stops:
+                    self._channel.send(m.BlsCredit(self._call_stops.popleft(), stop=True))
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
@@ -77,6 +80,11 @@ class WorkerLink:
         """A BLS output mapped from another worker's arena is gone: its space goes back
         with the next frame sent. Safe from a finalizer (no lock, no send here)."""
         self._peer_releases.append((arena, offset))
+
+    def stop_call_later(self, call: int) -> None:
+        """Nobody listens to decoupled BLS call ``call`` any more: the server hears it with
+        the next frame sent. Safe from a finalizer (no lock, no send here)."""
+        self._call_stops.append(call)
 
     def flush_peer_releases(self) -> None:
         if self._peer_releases:

@@ -258,11 +258,13 @@ def stream_bytes(outputs: list[TensorRef]) -> int:
 
 class BlsCredit(_Msg, tag=108):
     """Flow control of a decoupled BLS call: the caller has taken ``responses`` more of its
-    responses (``nbytes`` of their bytes); the server forwards that many more."""
+    responses, so the server may forward that many more (at most WINDOW_RESPONSES wait in
+    the caller). ``stop``: the caller stopped listening (``cancel()``, or its iterator was
+    collected): the rest is dropped and the callee sees ``is_cancelled()``."""
 
     call: int
-    responses: int
-    nbytes: int = 0
+    responses: int = 0
+    stop: bool = False
 
 
 class BlsCall(_Msg, tag=105):

@@ -1,9 +1,10 @@
 """flood: COUNT responses of SIZE bytes, sent from a thread as fast as send() returns.
 
-The request's id labels its gauges (flood_sent, flood_cancelled, flood_done), so that a
+The request's parameter "tag" (else its id) labels its gauges (flood_sent, flood_cancelled, flood_done), so that a
 test can watch how far the model got while its client reads slowly or not at all.
 """
 
+import json
 import threading
 
 import numpy as np
@@ -30,7 +31,8 @@ class TritonPythonModel:
         return None
 
     def _flood(self, request, count, size):
-        labels = {"request": request.request_id()}
+        tag = json.loads(request.parameters() or "{}").get("tag", request.request_id())
+        labels = {"request": str(tag)}
         sent = self.sent.Metric(labels=labels)
         cancelled = self.cancelled.Metric(labels=labels)
         done = self.done.Metric(labels=labels)
