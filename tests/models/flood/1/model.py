@@ -1,7 +1,8 @@
 """flood: COUNT responses of SIZE bytes, sent from a thread as fast as send() returns.
 
-The request's parameter "tag" (else its id) labels its gauges (flood_sent, flood_cancelled, flood_done), so that a
-test can watch how far the model got while its client reads slowly or not at all.
+The request's parameter "tag" (else its id) labels its gauges (flood_sent,
+flood_cancelled, flood_done), so that a test can watch how far the model got while its
+client reads slowly or not at all.
 """
 
 import json

@@ -14,8 +14,10 @@ class TritonPythonModel:
         called, go = pb_utils.get_input_tensor_by_name(request, "CONTROL").as_numpy()
         call = pb_utils.InferenceRequest(
             model_name="flood",
-            inputs=[pb_utils.Tensor("COUNT", count.as_numpy()),
-                    pb_utils.Tensor("SIZE", size.as_numpy())],
+            inputs=[
+                pb_utils.Tensor("COUNT", count.as_numpy()),
+                pb_utils.Tensor("SIZE", size.as_numpy()),
+            ],
             requested_output_names=["OUTPUT0", "INDEX"],
             request_id="bls-" + request.request_id(),
         )
@@ -37,7 +39,9 @@ class TritonPythonModel:
             intact = intact and int(index.as_numpy()[0]) == received
             intact = intact and data.size == expected_size and bool(np.all(data == received % 256))
             received += 1
-        return pb_utils.InferenceResponse([
-            pb_utils.Tensor("RECEIVED", np.array([received], dtype=np.int32)),
-            pb_utils.Tensor("INTACT", np.array([int(intact)], dtype=np.int32)),
-        ])
+        return pb_utils.InferenceResponse(
+            [
+                pb_utils.Tensor("RECEIVED", np.array([received], dtype=np.int32)),
+                pb_utils.Tensor("INTACT", np.array([int(intact)], dtype=np.int32)),
+            ]
+        )
