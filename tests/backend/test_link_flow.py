@@ -129,27 +129,30 @@ def test_no_window_after_the_final_flag(pair: Pair) -> None:
 
 
 def test_several_threads_share_one_window(pair: Pair) -> None:
-    """Four threads send 40 responses of one request: never more than the window ahead of
-    the credit given, and all of them go once the credit comes."""
+    """Four threads send 4 windows' worth of one request's responses: never more than the
+    window ahead of the credit given, and all of them go once the credit comes."""
     worker, server, _ = pair
     worker.open_window(7)
     done: list[int] = []
     lock = threading.Condition()
 
-    def send_ten() -> None:
-        for _ in range(10):
+    per_thread = m.WINDOW_RESPONSES
+    total = 4 * per_thread
+
+    def send_some() -> None:
+        for _ in range(per_thread):
             assert worker.hold_send(7, never)
             with lock:
                 done.append(1)
                 lock.notify_all()
 
-    threads = [threading.Thread(target=send_ten) for _ in range(4)]
+    threads = [threading.Thread(target=send_some) for _ in range(4)]
     for thread in threads:
         thread.start()
     granted = m.WINDOW_RESPONSES
     deadline = time.monotonic() + DEADLINE_S
-    while granted < 40 + m.WINDOW_RESPONSES:
-        expected = min(granted, 40)
+    while granted < total + m.WINDOW_RESPONSES:
+        expected = min(granted, total)
         with lock:
             assert lock.wait_for(lambda n=expected: len(done) >= n, deadline - time.monotonic())
             assert len(done) <= granted
@@ -157,4 +160,4 @@ def test_several_threads_share_one_window(pair: Pair) -> None:
         granted += 8
     for thread in threads:
         thread.join(DEADLINE_S)
-    assert len(done) == 40
+    assert len(done) == total

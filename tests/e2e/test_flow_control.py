@@ -178,7 +178,7 @@ def test_cancelling_a_stream_releases_a_held_send(server: RunningServer) -> None
 def test_generate_stream_client_that_does_not_read(server: RunningServer) -> None:
     import http.client
 
-    count, size = 200, 64 * 1024  # JSON events of ~250 KB: the socket buffers hold some
+    count, size = 150, 256 * 1024  # JSON events of ~900 KB: the socket buffers hold some
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=DEADLINE_S)
     body = {"COUNT": count, "SIZE": size, "parameters": {"tag": "sse"}}
     connection.request("POST", "/v2/models/flood/generate_stream", json.dumps(body))

@@ -242,6 +242,7 @@ class ResponseIterator:
         self._call = call
         self._done = False
         self._taken = 0  # responses taken, not yet credited back
+        self._taken_bytes = 0
         self._inputs = inputs  # the callee may read the caller's memory until the end
 
     def __iter__(self) -> ResponseIterator:
@@ -257,9 +258,10 @@ class ResponseIterator:
             self._worker.close_call(self._call)
         else:
             self._taken += 1
-            if self._taken >= m.WINDOW_RESPONSES // 2:
-                self._credit(m.BlsCredit(self._call, self._taken))
-                self._taken = 0
+            self._taken_bytes += sum(ref.nbytes for ref in reply.outputs)
+            if self._taken >= m.WINDOW_RESPONSES // 2 or self._taken_bytes >= m.WINDOW_BYTES // 2:
+                self._credit(m.BlsCredit(self._call, self._taken, self._taken_bytes))
+                self._taken = self._taken_bytes = 0
         return _response(self._worker, reply, payload)
 
     def _credit(self, msg: m.BlsCredit) -> None:

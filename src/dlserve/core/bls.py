@@ -77,7 +77,7 @@ class BlsRouter:
         """The caller of a decoupled call took responses (or stopped listening)."""
         answer = self._streams.get((id(caller), msg.call))
         if answer is not None:
-            answer.credit(msg.responses, msg.stop)
+            answer.credit(msg.responses, msg.nbytes, msg.stop)
 
     async def _serve(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
         """Answer one call. Past its timeout the caller gets an error at once; the callee's
@@ -221,10 +221,12 @@ class _Answer:
         self.stopped = False  # the caller stopped listening
         # flow control of a decoupled call: responses sent that the caller has not taken
         self.unacked = 0
+        self.unacked_bytes = 0
         self._credited: asyncio.Event | None = None
 
-    def credit(self, responses: int, stop: bool) -> None:
+    def credit(self, responses: int, nbytes: int, stop: bool) -> None:
         self.unacked -= responses
+        self.unacked_bytes -= nbytes
         self.stopped = self.stopped or stop
         if self._credited is not None:
             self._credited.set()
@@ -232,7 +234,7 @@ class _Answer:
     async def room(self) -> bool:
         """Wait until the caller may take one more response: False when it stopped
         listening or died meanwhile (the callee's request is then cancelled)."""
-        while self.unacked >= m.WINDOW_RESPONSES and not (self.stopped or self.late):
+        while self._full() and not (self.stopped or self.late):
             self._credited = credited = asyncio.Event()
             waiter = asyncio.ensure_future(credited.wait())
             either: set[asyncio.Future[Any]] = {waiter, self.caller.closed}
@@ -241,6 +243,11 @@ class _Answer:
             if self.caller.closed.done():
                 return False
         return not self.stopped
+
+    def _full(self) -> bool:
+        return self.unacked >= m.WINDOW_RESPONSES or (
+            self.unacked_bytes >= m.WINDOW_BYTES and self.unacked > 0
+        )
 
     def fail(self, error: errors.DlserveError) -> None:
         if not self.finished:
@@ -265,7 +272,9 @@ class _Answer:
         refs, payload = _output_refs(caller, response)
         reply = m.BlsReply(self.call, refs, final=final, parameters=dict(response.parameters))
         caller.send_answer(reply, payload)
-        self.unacked += not final
+        if not final:
+            self.unacked += 1
+            self.unacked_bytes += sum(ref.nbytes for ref in refs)
 
 
 def _output_refs(
