@@ -121,11 +121,15 @@ def test_the_server_going_away_releases_a_held_send(pair: Pair) -> None:
     assert outcome == [False]
 
 
-def test_no_window_after_the_final_flag(pair: Pair) -> None:
+def test_a_send_held_when_the_final_flag_goes_is_given_up(pair: Pair) -> None:
+    """Two threads of the model: one waits for room, the other sends the final flag."""
     worker, _, _ = pair
     fill(worker, 6)
+    thread, outcome = held(worker, 6)
     worker.close_window(6)
-    assert worker.hold_send(6, never)  # not counted any more
+    thread.join(DEADLINE_S)
+    assert outcome == [False]
+    assert not worker.hold_send(6, never)  # nothing follows the final flag
 
 
 def test_several_threads_share_one_window(pair: Pair) -> None:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 Frame = tuple[m.ServerToWorker, memoryview]
 Answer = m.MetricValueReply | m.BlsReply | m.ControlReply
 CALL_TIMEOUT_S: Final = 30.0
+HOLD_RECHECK_S: Final = 0.2  # a held send that reads looks at its window this often at least
 
 
 class WorkerLink:
@@ -138,22 +139,25 @@ class WorkerLink:
             self._windows[rid] = _Window()
 
     def close_window(self, rid: int) -> None:
-        """Request ``rid`` has sent its final flag: credit that comes later is dropped."""
+        """Request ``rid`` has sent its final flag: credit that comes later is dropped, and
+        a send still held (another thread's) is given up."""
         with self._lock:
             self._windows.pop(rid, None)
+            self._notify()
 
     def hold_send(self, rid: int, cancelled: Callable[[], bool]) -> bool:
         """Wait until request ``rid`` may send one more response (its consumer has taken
         enough of the earlier ones) and count it; whichever thread waits reads frames
         meanwhile, as :meth:`wait_answer` does. False when the send is to be given up:
-        ``cancelled()`` turned true (the consumer left), the worker is stopping, or the
-        server has gone away."""
+        ``cancelled()`` turned true (the consumer left), the request has ended (its final
+        flag went out from another thread), the worker is stopping, or the server has gone
+        away."""
         while True:
             with self._lock:
                 while True:
                     window = self._windows.get(rid)
                     if window is None:
-                        return True  # not flow-controlled (or already final)
+                        return False  # the final flag has gone: nothing follows it
                     if cancelled() or self.stopping or self._closed:
                         return False
                     if window.has_room():
@@ -163,7 +167,8 @@ class WorkerLink:
                         self._reading = True
                         break
                     self._wait(None)
-            frame = self._read(None)
+            # a timeout: the final flag sent by another thread is no frame to wake us
+            frame = self._read(HOLD_RECHECK_S)
             with self._lock:
                 self._stop_reading()
                 if frame is not None:
