@@ -22,6 +22,13 @@ def _microseconds(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def _flag(text: str) -> bool:
     """Triton's boolean option values."""
     if text.lower() in ("true", "1", "yes", "on"):
@@ -57,7 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    serve.add_argument(
+        "--model-control-mode", choices=("none", "explicit", "poll"), default="none",
+        help="none: load every model at startup; explicit: load and unload through the "
+        "repository API; poll: follow the repository's changes",
+    )  # fmt: skip
+    serve.add_argument(
+        "--repository-poll-secs", type=_seconds, default=15.0, metavar="SECONDS",
+        help="poll mode: how often the repository is looked at (default 15)",
+    )  # fmt: skip
     serve.add_argument(
         "--load-model",
         action="append",
@@ -156,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port=args.http_port,
         metrics_port=args.metrics_port,
         model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
         load_models=args.load_model,
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,

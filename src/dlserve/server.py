@@ -37,6 +37,7 @@ class ServerOptions:
     http_port: int = 8000
     metrics_port: int = 8002
     model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0  # poll mode
     load_models: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
     in_process_workers: bool = False
@@ -57,6 +58,7 @@ class Server:
         self.options = options
         service_options = ServiceOptions(
             model_control_mode=options.model_control_mode,
+            repository_poll_secs=options.repository_poll_secs,
             startup_models=list(options.load_models),
             manager=ManagerOptions(
                 in_process=options.in_process_workers,

@@ -322,6 +322,54 @@ def test_loading_a_broken_model_says_why(client: Client) -> None:
     assert client.api.is_model_ready("plain")  # the others serve on
 
 
+def test_reloading_a_model_loses_no_request(client: Client, test_server: RunningServer) -> None:
+    """The loaded model serves while its reload starts new instances (Triton's promise: no
+    loss of availability): requests sent all along the reload succeed."""
+    import threading
+
+    reloaded = threading.Event()
+
+    def reload() -> None:
+        other = _connect(client.protocol, test_server)  # a client per thread (HTTP's are not
+        try:  # thread-safe)
+            other.api.load_model("plain")
+        finally:
+            other.api.close()
+            reloaded.set()
+
+    assert client.infer("plain", {"INPUT0": fp32(3)}).as_numpy("OUTPUT0").tolist() == [3]
+    reloader = threading.Thread(target=reload)
+    reloader.start()
+    results: list[Any] = []
+    while not reloaded.is_set():
+        try:
+            results.append(client.infer("plain", {"INPUT0": fp32(3)}).as_numpy("OUTPUT0").tolist())
+        except InferenceServerException as exc:
+            results.append(exc.message())
+    reloader.join()
+    assert results, "no request was sent while the model was being reloaded"
+    assert [r for r in results if r != [3]] == []
+
+
+def test_a_config_asking_for_batch_inputs_is_refused(client: Client) -> None:
+    """Ragged batching's batch_input would give the model inputs dlserve does not make."""
+    from google.protobuf import json_format
+
+    config = client.api.get_model_config("plain")
+    if client.protocol == "grpc":
+        config = json_format.MessageToDict(config.config, preserving_proto_field_name=True)
+    document = dict(config)
+    document["batch_input"] = [{"kind": "BATCH_ELEMENT_COUNT", "target_name": ["COUNT"],
+                                "data_type": "TYPE_FP32", "source_input": ["INPUT0"]}]  # fmt: skip
+    with pytest.raises(InferenceServerException) as info:
+        client.api.load_model("plain", config=json.dumps(document))
+    assert "'batch_input' (ragged batching) is not supported by dlserve" in info.value.message()
+    assert client.api.is_model_ready("plain")  # the loaded one serves on, as in Triton
+    assert client.infer("plain", {"INPUT0": fp32(5)}).as_numpy("OUTPUT0").tolist() == [5]
+    client.api.load_model("plain")
+    assert client.infer("plain", {"INPUT0": fp32(6)}).as_numpy("OUTPUT0").tolist() == [6]
+
+
 # -- a worker that dies --------------------------------------------------------------------------
 def test_a_dying_worker_fails_its_request_and_comes_back(client: Client) -> None:
     assert client.infer("crash", {"INPUT0": fp32(1)}).as_numpy("OUTPUT0").tolist() == [1]

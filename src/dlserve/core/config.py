@@ -116,9 +116,20 @@ def normalize(config: Any, name: str, gpu_count: int) -> None:
     if config.max_batch_size < 0:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0")
     _check_tensors(config, name)
+    _refuse_unsupported(config, name)
     _normalize_instance_groups(config, name, gpu_count)
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+
+
+def _refuse_unsupported(config: Any, name: str) -> None:
+    """What would change what the model receives, and dlserve does not do: refused, never
+    ignored (the model would run without what it was written for)."""
+    for field in ("batch_input", "batch_output"):
+        if len(getattr(config, field)):
+            raise ConfigError(
+                f"model '{name}': '{field}' (ragged batching) is not supported by dlserve"
+            )
 
 
 def _normalize_ensemble(config: Any, name: str) -> None:

@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
 from dlserve.core import config as cfg
+from dlserve.core import warmup
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
@@ -140,23 +141,50 @@ class ModelManager:
         self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
     ) -> None:
         """(Re)load a model; raises the reason it could not be loaded. ``files``: the
-        model's files, sent with the request (``file:<path>`` -> bytes)."""
+        model's files, sent with the request (``file:<path>`` -> bytes).
+
+        A model that is loaded serves on while its new versions start, as in Triton: they
+        replace it once they are ready (no loss of availability), and if they cannot
+        start it stays as it was."""
         entry = self.models.get(name)
         if entry is None:
             entry = self.models[name] = ModelEntry(name, ModelState.LOADING)
         async with entry.lock:
-            await self._unload_locked(entry)
-            entry.state, entry.reason = ModelState.LOADING, ""
+            serving = entry.state == ModelState.READY and bool(entry.versions)
+            if not serving:
+                await self._unload_locked(entry)
+                entry.state, entry.reason = ModelState.LOADING, ""
+            source = None
             try:
                 source = self.repository.source(name, config_json, files)
-                entry.path = source.path
-                entry.config, entry.versions = await self._start(source)
+                config, versions = await self._start(source)
             except errors.DlserveError as exc:
-                entry.state, entry.reason = ModelState.UNAVAILABLE, str(exc)
-                log.error("model '%s' is UNAVAILABLE: %s", name, exc)
+                self._failed_load(entry, serving, exc, source)
                 raise
-            entry.state = ModelState.READY
+            old_versions, old_path = (entry.versions, entry.path) if serving else ({}, None)
+            entry.path, entry.config, entry.versions = source.path, config, versions
+            entry.state, entry.reason = ModelState.READY, ""
             log.info("model '%s' versions %s are READY", name, sorted(entry.versions))
+            if old_versions:  # in-flight requests of the old versions finish first
+                timeout = self.options.stop_timeout
+                await asyncio.gather(*(v.stop(timeout) for v in old_versions.values()))
+            if old_path is not None and old_path != source.path:
+                self.repository.forget(old_path)
+
+    def _failed_load(
+        self, entry: ModelEntry, serving: bool, exc: errors.DlserveError,
+        source: ModelSource | None,
+    ) -> None:  # fmt: skip
+        if serving:
+            if source is not None and source.path != entry.path:
+                self.repository.forget(source.path)  # files sent with the failed request
+            log.error("model '%s' could not be reloaded; the loaded one serves on: %s",
+                      entry.name, exc)  # fmt: skip
+            return
+        if source is not None:
+            entry.path = source.path  # forgotten when the model is next loaded or unloaded
+        entry.state, entry.reason = ModelState.UNAVAILABLE, str(exc)
+        log.error("model '%s' is UNAVAILABLE: %s", entry.name, exc)
 
     async def _start(self, source: ModelSource) -> tuple[Any, dict[int, ModelVersion]]:
         name = source.name
@@ -223,6 +251,7 @@ class ModelManager:
         self, source: ModelSource, version: int, config: Any, first: WorkerBase | None
     ) -> ModelVersion:
         template = self._template(source, version, config, autocomplete=False)
+        samples = warmup.plan(config, source.path)
         pool = WorkerPool(
             instance_specs(config),
             template,
@@ -232,6 +261,11 @@ class ModelManager:
             calls=self.calls,
         )
         await pool.start(first)
+        try:
+            await warmup.run(pool, samples)
+        except BaseException:
+            await pool.stop(timeout=5.0)
+            raise
         stats = ModelStats(source.name, str(version))
         scheduler = Scheduler(source.name, pool, config, stats)
         return ModelVersion(

@@ -19,6 +19,7 @@ from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
 from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
 from dlserve.core.metrics import Metrics
 from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
+from dlserve.core.poller import RepositoryPoller
 from dlserve.core.raw_input import raw_input
 from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
 from dlserve.core.repository import Repository
@@ -55,7 +56,8 @@ EXTENSIONS = (
 
 @dataclass(slots=True)
 class ServiceOptions:
-    model_control_mode: str = "none"  # "none" | "explicit"
+    model_control_mode: str = "none"  # "none" | "explicit" | "poll"
+    repository_poll_secs: float = 15.0  # poll mode: how often the repository is looked at
     startup_models: list[str] = field(default_factory=list)  # explicit mode: --load-model
     manager: ManagerOptions = field(default_factory=ManagerOptions)
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
@@ -77,6 +79,12 @@ class InferenceService:
             "log_verbose_level": options.log_verbose, "log_format": "default",
         }  # fmt: skip
         self.trace = TraceSettings()
+        self.poller: RepositoryPoller | None = None
+        if options.model_control_mode == "poll":
+            self.poller = RepositoryPoller(
+                repository, options.repository_poll_secs, self.manager.load,
+                self.manager.unload, repository.is_ensemble,
+            )  # fmt: skip
         self._started = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -89,10 +97,14 @@ class InferenceService:
         else:
             names = self.repository.model_names()
         self.owners.start()
+        if self.poller is not None:
+            self.poller.remember(names)  # before loading: a change meanwhile is seen
         ensembles = [n for n in names if self.repository.is_ensemble(n)]
         await asyncio.gather(*(self._load_at_startup(n) for n in names if n not in ensembles))
         for name in ensembles:  # after the models they are made of
             await self._load_at_startup(name)
+        if self.poller is not None:
+            self.poller.start()
         self._started = True
 
     async def _load_at_startup(self, name: str) -> None:
@@ -103,6 +115,8 @@ class InferenceService:
 
     async def shutdown(self) -> None:
         self._started = False
+        if self.poller is not None:
+            await self.poller.stop()
         await self.owners.stop()
         await self.manager.unload_all()
         self.repository.close()
