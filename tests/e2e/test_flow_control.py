@@ -13,15 +13,21 @@ whether its final flag went out.
 - HTTP generate_stream with a client that does not read: the same plateau, then every event;
 - a BLS caller that does not iterate over a decoupled callee's responses holds the callee
   back the same way, then receives everything;
+- a generate_stream client that goes away while the send is held: the model sees
+  ``is_cancelled()``;
+- a worker killed while its send is held ends the stream with the worker's error, and the
+  restarted instance serves the next request;
 - unloading a model whose send is held back does not hang.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import queue
 import shutil
+import signal
 import threading
 import time
 import urllib.request
@@ -145,7 +151,8 @@ def test_a_stream_client_that_does_not_read_holds_the_model_back(server: Running
         check_response(index, result.as_numpy("OUTPUT0"), MIB)
     final = received[COUNT][0].get_response()
     assert final.parameters["triton_final_response"].bool_param and not final.outputs
-    assert gauges(server, "slow") == {"flood_sent": COUNT, "flood_cancelled": 0, "flood_done": 1}
+    found = gauges(server, "slow")
+    assert (found["flood_sent"], found["flood_cancelled"], found["flood_done"]) == (COUNT, 0, 1)
 
 
 def raw_request(tag: str, count: int, size: int) -> service_pb2.ModelInferRequest:
@@ -176,8 +183,6 @@ def test_cancelling_a_stream_releases_a_held_send(server: RunningServer) -> None
 
 
 def test_generate_stream_client_that_does_not_read(server: RunningServer) -> None:
-    import http.client
-
     count, size = 150, 256 * 1024  # JSON events of ~900 KB: the socket buffers hold some
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=DEADLINE_S)
     body = {"COUNT": count, "SIZE": size, "parameters": {"tag": "sse"}}
@@ -196,6 +201,23 @@ def test_generate_stream_client_that_does_not_read(server: RunningServer) -> Non
     for index, event in enumerate(events):
         check_response(index, np.array(event["OUTPUT0"], dtype=np.uint8), size)
     assert wait_for(server, "sse", "flood_done")["flood_sent"] == count
+
+
+def test_a_generate_stream_client_that_goes_away_releases_the_held_send(
+    server: RunningServer,
+) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=DEADLINE_S)
+    body = {"COUNT": COUNT, "SIZE": 256 * 1024, "parameters": {"tag": "sse-gone"}}
+    connection.request("POST", "/v2/models/flood/generate_stream", json.dumps(body))
+    try:
+        assert connection.getresponse().status == 200
+        sent, _ = plateau(server, "sse-gone")
+    finally:
+        assert connection.sock is not None
+        connection.sock.close()  # gone, with the model's send held
+        connection.close()
+    found = wait_for(server, "sse-gone", "flood_done")
+    assert found["flood_cancelled"] == 1 and found["flood_sent"] < COUNT
 
 
 def test_a_bls_caller_that_does_not_iterate_holds_the_callee_back(
@@ -224,6 +246,43 @@ def test_a_bls_caller_that_does_not_iterate_holds_the_callee_back(
     assert error is None
     assert int(result.as_numpy("RECEIVED")[0]) == COUNT
     assert int(result.as_numpy("INTACT")[0]) == 1
+
+
+def test_a_worker_killed_while_its_send_is_held(server: RunningServer) -> None:
+    keep_open = threading.Event()
+
+    def requests() -> Iterator[service_pb2.ModelInferRequest]:
+        yield raw_request("killed", COUNT, MIB)
+        keep_open.wait(DEADLINE_S)
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
+        try:
+            sent, _ = plateau(server, "killed")
+            os.kill(int(gauges(server, "killed")["flood_pid"]), signal.SIGKILL)
+            received = 0
+            for message in call:  # the responses already on their way, then the error
+                if message.error_message:
+                    assert "model instance 'flood_0_0' exited unexpectedly" in message.error_message
+                    break
+                received += 1
+        finally:
+            keep_open.set()
+            call.cancel()
+    assert received <= sent < COUNT
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        deadline = time.monotonic() + DEADLINE_S
+        while not client.is_model_ready("flood"):  # a restart takes as long as it takes
+            assert time.monotonic() < deadline, "flood not ready again"
+            time.sleep(POLL_S)
+        results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            client.async_stream_infer("flood", flood_inputs(3, 16), request_id="after")
+            after = [results.get(timeout=DEADLINE_S) for _ in range(3)]
+        finally:
+            client.stop_stream()
+    assert [int(r.as_numpy("INDEX")[0]) for r, e in after if e is None] == [0, 1, 2]
 
 
 def test_unloading_a_model_whose_send_is_held_does_not_hang(tmp_path: Path) -> None:

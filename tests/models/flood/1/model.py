@@ -6,6 +6,7 @@ client reads slowly or not at all.
 """
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -20,6 +21,7 @@ class TritonPythonModel:
         self.sent = pb_utils.MetricFamily("flood_sent", "sends that returned", kind)
         self.cancelled = pb_utils.MetricFamily("flood_cancelled", "is_cancelled() seen", kind)
         self.done = pb_utils.MetricFamily("flood_done", "the final flag went out", kind)
+        self.pid = pb_utils.MetricFamily("flood_pid", "the worker's process id", kind)
         self.threads = []
 
     def execute(self, requests):
@@ -37,6 +39,7 @@ class TritonPythonModel:
         sent = self.sent.Metric(labels=labels)
         cancelled = self.cancelled.Metric(labels=labels)
         done = self.done.Metric(labels=labels)
+        self.pid.Metric(labels=labels).set(os.getpid())
         sender = request.get_response_sender()
         for index in range(count):
             if sender.is_cancelled():
