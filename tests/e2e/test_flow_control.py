@@ -212,6 +212,7 @@ def test_a_generate_stream_client_that_goes_away_releases_the_held_send(
     try:
         assert connection.getresponse().status == 200
         sent, _ = plateau(server, "sse-gone")
+        assert sent < COUNT
     finally:
         assert connection.sock is not None
         connection.sock.close()  # gone, with the model's send held
