@@ -12,7 +12,8 @@ whether its final flag went out.
   the model sees ``is_cancelled()`` and sends its final flag;
 - HTTP generate_stream with a client that does not read: the same plateau, then every event;
 - a BLS caller that does not iterate over a decoupled callee's responses holds the callee
-  back the same way, then receives everything;
+  back the same way, then receives everything; one that cancels its iterator releases the
+  callee (it sees ``is_cancelled()``);
 - a generate_stream client that goes away while the send is held: the model sees
   ``is_cancelled()``;
 - a worker killed while its send is held ends the stream with the worker's error, and the
@@ -247,6 +248,18 @@ def test_a_bls_caller_that_does_not_iterate_holds_the_callee_back(
     assert error is None
     assert int(result.as_numpy("RECEIVED")[0]) == COUNT
     assert int(result.as_numpy("INTACT")[0]) == 1
+
+
+def test_a_bls_caller_that_cancels_its_iterator_releases_the_callee(
+    server: RunningServer,
+) -> None:
+    take = grpcclient.InferInput("TAKE", [1], "INT32")
+    take.set_data_from_numpy(np.array([3], dtype=np.int32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        result = client.infer("flood_caller", [*flood_inputs(COUNT, MIB), take], request_id="t")
+    assert int(result.as_numpy("RECEIVED")[0]) == 3
+    found = wait_for(server, "bls-t", "flood_done")  # the callee's held send let go
+    assert found["flood_cancelled"] == 1 and found["flood_sent"] < COUNT
 
 
 def test_a_worker_killed_while_its_send_is_held(server: RunningServer) -> None:

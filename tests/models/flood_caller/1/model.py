@@ -11,7 +11,6 @@ class TritonPythonModel:
     def _one(self, request):
         count = pb_utils.get_input_tensor_by_name(request, "COUNT")
         size = pb_utils.get_input_tensor_by_name(request, "SIZE")
-        called, go = pb_utils.get_input_tensor_by_name(request, "CONTROL").as_numpy()
         call = pb_utils.InferenceRequest(
             model_name="flood",
             inputs=[
@@ -22,6 +21,10 @@ class TritonPythonModel:
             request_id="bls-" + request.request_id(),
         )
         responses = call.exec(decoupled=True)
+        take = pb_utils.get_input_tensor_by_name(request, "TAKE")
+        if take is not None:
+            return self._take_then_cancel(responses, int(take.as_numpy()[0]))
+        called, go = pb_utils.get_input_tensor_by_name(request, "CONTROL").as_numpy()
         with open(called.decode(), "w") as fifo:
             fifo.write("called\n")
         with open(go.decode()) as fifo:
@@ -43,5 +46,20 @@ class TritonPythonModel:
             [
                 pb_utils.Tensor("RECEIVED", np.array([received], dtype=np.int32)),
                 pb_utils.Tensor("INTACT", np.array([int(intact)], dtype=np.int32)),
+            ]
+        )
+
+    def _take_then_cancel(self, responses, take):
+        received = 0
+        for response in responses:
+            if not response.has_error():
+                received += 1
+            if received == take:
+                break
+        responses.cancel()
+        return pb_utils.InferenceResponse(
+            [
+                pb_utils.Tensor("RECEIVED", np.array([received], dtype=np.int32)),
+                pb_utils.Tensor("INTACT", np.array([1], dtype=np.int32)),
             ]
         )
