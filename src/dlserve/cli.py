@@ -131,6 +131,14 @@ def _parser() -> argparse.ArgumentParser:
         help="gRPC also listens on this Unix socket (clients use the URL 'unix:PATH')",
     )
     serve.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long shutting down, or unloading a model, waits for in-flight requests "
+        "(streams included) before it ends them (default 30)",
+    )
+    serve.add_argument(
         "--shm-idle-timeout",
         type=float,
         default=None,
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
+        shutdown_timeout=args.exit_timeout_secs,
         mps=args.mps,
         grpc_tls=tls,
     )

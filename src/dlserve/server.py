@@ -64,6 +64,7 @@ class Server:
                 in_process=options.in_process_workers,
                 busy_poll_us=options.busy_poll_us,
                 reply_poll_us=options.reply_poll_us,
+                stop_timeout=options.shutdown_timeout,
             ),
             allow_client_shm=options.allow_client_shm,
             log_verbose=options.log_verbose,

@@ -18,11 +18,13 @@ whether its final flag went out.
   ``is_cancelled()``;
 - a worker killed while its send is held ends the stream with the worker's error, and the
   restarted instance serves the next request;
-- unloading a model whose send is held back does not hang.
+- unloading a model waits for a stream whose client reads slowly (nothing is lost), and
+  ends one nobody reads with an error after ``--exit-timeout-secs`` (no hang).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -299,9 +301,54 @@ def test_a_worker_killed_while_its_send_is_held(server: RunningServer) -> None:
     assert [int(r.as_numpy("INDEX")[0]) for r, e in after if e is None] == [0, 1, 2]
 
 
-def test_unloading_a_model_whose_send_is_held_does_not_hang(tmp_path: Path) -> None:
-    shutil.copytree(TEST_MODELS / "flood", tmp_path / "flood")
-    with run_server(tmp_path, "--model-control-mode", "explicit", "--load-model", "flood") as srv:
+def explicit_flood(root: Path, *extra: str) -> contextlib.AbstractContextManager[RunningServer]:
+    shutil.copytree(TEST_MODELS / "flood", root / "flood")
+    return run_server(root, "--model-control-mode", "explicit", "--load-model", "flood", *extra)
+
+
+def test_unloading_waits_for_a_slow_reader_and_loses_nothing(tmp_path: Path) -> None:
+    count = 64
+    gate = threading.Event()
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+
+    def callback(result: Any, error: Any) -> None:
+        gate.wait(DEADLINE_S)
+        results.put((result, error))
+
+    with explicit_flood(tmp_path) as srv, grpcclient.InferenceServerClient(srv.grpc_url) as client:
+        client.start_stream(callback=callback)
+        try:
+            client.async_stream_infer("flood", flood_inputs(count, MIB), request_id="unload-slow",
+                                      enable_empty_final_response=True)  # fmt: skip
+            plateau(srv, "unload-slow")
+            unloaded: list[BaseException | None] = []
+
+            def unload() -> None:
+                try:
+                    with grpcclient.InferenceServerClient(srv.grpc_url) as other:
+                        other.unload_model("flood")
+                    unloaded.append(None)
+                except BaseException as exc:
+                    unloaded.append(exc)
+
+            unloader = threading.Thread(target=unload)
+            unloader.start()  # it waits for the stream; the client reads on meanwhile
+            gate.set()
+            received = [results.get(timeout=DEADLINE_S) for _ in range(count + 1)]
+            unloader.join(DEADLINE_S)
+        finally:
+            gate.set()
+            client.stop_stream()
+        assert unloaded == [None] and not client.is_model_ready("flood")
+    assert all(error is None for _, error in received)
+    for index, (result, _) in enumerate(received[:count]):
+        assert int(result.as_numpy("INDEX")[0]) == index
+        check_response(index, result.as_numpy("OUTPUT0"), MIB)
+    assert received[count][0].get_response().parameters["triton_final_response"].bool_param
+
+
+def test_unloading_ends_a_stream_nobody_reads_after_the_exit_timeout(tmp_path: Path) -> None:
+    with explicit_flood(tmp_path, "--exit-timeout-secs", "2") as srv:
         keep_open = threading.Event()
 
         def requests() -> Iterator[service_pb2.ModelInferRequest]:
@@ -317,8 +364,19 @@ def test_unloading_a_model_whose_send_is_held_does_not_hang(tmp_path: Path) -> N
                     client.unload_model("flood")
                     took = time.monotonic() - started
                     assert not client.is_model_ready("flood")
+                received, error = 0, ""
+                for message in call:  # what was on its way, then the error
+                    if message.error_message:
+                        error = message.error_message
+                        break
+                    received += 1
             finally:
                 keep_open.set()
                 call.cancel()
-        print(f"unloaded in {took:.2f} s with a send held after {sent} sends")
-        assert took < 10.0  # well inside the stop timeout: the held send gave up at once
+        found = gauges(srv, "unload")
+    print(f"unloaded in {took:.2f} s (exit timeout 2 s); the stream got {received} of {sent} "
+          f"responses sent, then: {error}")  # fmt: skip
+    assert error == "model 'flood' is being unloaded"
+    assert received <= sent < COUNT
+    assert took < 2 + 10  # the exit timeout, then the held send let go at once
+    assert found["flood_cancelled"] == 1 and found["flood_done"] == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ class ModelVersion:
     ensemble: EnsemblePlan | None = None
     steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
     decoupled: bool = field(init=False)  # from the config, read once
+    # decoupled requests still streaming, and how to end each (stop() waits for them)
+    streams: dict[int, Callable[[errors.DlserveError], None]] = field(default_factory=dict)
+    _streams_done: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
@@ -77,11 +81,37 @@ class ModelVersion:
         return self.steps_ready is not None and self.steps_ready()
 
     async def stop(self, timeout: float) -> None:
+        """Finish what was accepted (within ``timeout``), then stop the workers. A decoupled
+        request still streaming past the deadline (its client reads too slowly, or not at
+        all, so its model waits for credit) ends with an UNAVAILABLE error."""
+        deadline = time.monotonic() + timeout
         if self.scheduler is not None:
             await self.scheduler.drain(timeout)
+        await self._drain_streams(deadline)
+        if self.scheduler is not None:
             self.scheduler.stop()
         if self.pool is not None:
             await self.pool.stop(timeout)
+
+    def open_stream(self, key: int, cut: Callable[[errors.DlserveError], None]) -> None:
+        """A decoupled request streams its responses; ``cut`` ends it early."""
+        self.streams[key] = cut
+
+    def close_stream(self, key: int) -> None:
+        self.streams.pop(key, None)
+        if not self.streams and self._streams_done is not None:
+            self._streams_done.set()
+
+    async def _drain_streams(self, deadline: float) -> None:
+        while self.streams and (remaining := deadline - time.monotonic()) > 0:
+            self._streams_done = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._streams_done.wait(), remaining)
+            except TimeoutError:
+                break
+        failure = errors.UnavailableError(f"model '{self.name}' is being unloaded")
+        for cut in list(self.streams.values()):
+            cut(failure)
 
 
 @dataclass(slots=True)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dlserve import errors
 from dlserve.core.regions import RegionLease
 from dlserve.types import InferRequest, InferResponse, OutputTensor
-from dlserve.workers.client import WorkerReply
+from dlserve.workers.client import WorkerBase, WorkerReply
 from dlserve.workers.streams import StreamReply, StreamSink
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ async def _run_decoupled(
         replies: asyncio.Queue[StreamReply] = asyncio.Queue()
         sink = StreamSink(replies.put_nowait, call.lend)
         worker, rid = await loaded.scheduler.run_stream(job, sink)
+        loaded.open_stream(id(sink), _cutter(sink, worker, rid))  # an unload waits for it
         final = False
         try:
             while not final:
@@ -102,6 +103,7 @@ async def _run_decoupled(
                     )  # fmt: skip
                 yield StreamItem(response, each.error, each.final, str(loaded.version))
         finally:
+            loaded.close_stream(id(sink))
             if not final:  # the consumer left: the model sees is_cancelled()
                 sink.abandoned = True
                 worker.cancel(rid)
@@ -112,6 +114,22 @@ async def _run_decoupled(
     finally:
         if lease is not None:
             service.regions.release(lease)
+
+
+def _cutter(
+    sink: StreamSink, worker: WorkerBase, rid: int
+) -> Callable[[errors.DlserveError], None]:
+    """How to end a stream early (its model is unloaded while its client reads too slowly):
+    the consumer gets ``error`` as the final item, the model's responses still coming are
+    dropped and it sees ``is_cancelled()`` (a send it waits in is released)."""
+
+    def cut(error: errors.DlserveError) -> None:
+        if not (sink.finished or sink.abandoned):
+            sink.put(StreamReply(None, error, True))
+        sink.abandoned = True
+        worker.cancel(rid)
+
+    return cut
 
 
 def reply_outputs(loaded: ModelVersion, reply: WorkerReply) -> list[OutputTensor]:
