@@ -105,9 +105,10 @@ def run_server(
         raise
     finally:
         os.close(read_fd)
-    server = RunningServer(
-        process, ports["http_port"], ports["grpc_port"], ports["metrics_port"], repository
-    )
+    server = RunningServer(  # -1: an endpoint switched off (--allow-http false, ...)
+        process, ports.get("http_port", -1), ports.get("grpc_port", -1),
+        ports.get("metrics_port", -1), repository,
+    )  # fmt: skip
     try:
         yield server
     finally:

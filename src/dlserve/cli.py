@@ -69,6 +69,31 @@ def _parser() -> argparse.ArgumentParser:
         help="none: load every model at startup; explicit: load and unload through the "
         "repository API; poll: follow the repository's changes",
     )  # fmt: skip
+    for endpoint in ("grpc", "http", "metrics"):
+        serve.add_argument(
+            f"--allow-{endpoint}", type=_flag, nargs="?", const=True, default=True,
+            metavar="BOOL", help=f"serve the {endpoint} endpoint (default true)",
+        )  # fmt: skip
+    serve.add_argument(
+        "--disable-auto-complete-config", action="store_true",
+        help="do not call the models' auto_complete_config: configs must be complete",
+    )  # fmt: skip
+    serve.add_argument(
+        "--strict-model-config", type=_flag, nargs="?", const=True, default=False,
+        metavar="BOOL", help="true: the same as --disable-auto-complete-config (Triton's "
+        "older spelling; default false)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECONDS",
+        help="at shutdown (and when a model is unloaded), how long in-flight requests, "
+        "streams included, may take to finish before they are ended and their workers "
+        "stopped anyway (default 30, as Triton)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--strict-readiness", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
+        help="ready only while every model is READY (a model that failed to load makes the "
+        "server not ready); false: ready once started (default true, as Triton)",
+    )  # fmt: skip
     serve.add_argument(
         "--repository-poll-secs", type=_seconds, default=15.0, metavar="SECONDS",
         help="poll mode: how often the repository is looked at (default 15)",
@@ -131,14 +156,6 @@ def _parser() -> argparse.ArgumentParser:
         help="gRPC also listens on this Unix socket (clients use the URL 'unix:PATH')",
     )
     serve.add_argument(
-        "--exit-timeout-secs",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long shutting down, or unloading a model, waits for in-flight requests "
-        "(streams included) before it ends them (default 30)",
-    )
-    serve.add_argument(
         "--shm-idle-timeout",
         type=float,
         default=None,
@@ -164,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     tls = _grpc_tls(args, parser)
+    if not (args.allow_grpc or args.allow_http):
+        parser.error("--allow-grpc and --allow-http are both false: nothing would serve requests")
     level = logging.DEBUG if args.log_verbose else logging.INFO
     if args.log_verbose:  # workers inherit it: pb_utils.Logger.log_verbose prints
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
@@ -180,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
+        shutdown_timeout=args.exit_timeout_secs,
+        auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
+        allow_grpc=args.allow_grpc,
+        allow_http=args.allow_http,
+        allow_metrics=args.allow_metrics,
         load_models=args.load_model,
         http_max_input_size=args.http_max_input_size,
         in_process_workers=args.debug,
@@ -190,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
-        shutdown_timeout=args.exit_timeout_secs,
         mps=args.mps,
         grpc_tls=tls,
     )

@@ -38,6 +38,11 @@ class ServerOptions:
     metrics_port: int = 8002
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0  # poll mode
+    strict_readiness: bool = True  # --strict-readiness
+    auto_complete: bool = True  # call the models' auto_complete_config
+    allow_grpc: bool = True  # --allow-grpc, --allow-http, --allow-metrics
+    allow_http: bool = True
+    allow_metrics: bool = True
     load_models: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
     in_process_workers: bool = False
@@ -59,26 +64,28 @@ class Server:
         service_options = ServiceOptions(
             model_control_mode=options.model_control_mode,
             repository_poll_secs=options.repository_poll_secs,
+            strict_readiness=options.strict_readiness,
             startup_models=list(options.load_models),
             manager=ManagerOptions(
                 in_process=options.in_process_workers,
                 busy_poll_us=options.busy_poll_us,
                 reply_poll_us=options.reply_poll_us,
                 stop_timeout=options.shutdown_timeout,
+                auto_complete=options.auto_complete,
             ),
             allow_client_shm=options.allow_client_shm,
             log_verbose=options.log_verbose,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
-        self._http = HttpServer(
-            create_http_app(self.service, options.http_max_input_size),
-            options.host,
-            options.http_port,
-        )
-        self._metrics = HttpServer(
-            create_metrics_app(self.service), options.host, options.metrics_port
-        )
+        self._http: HttpServer | None = None
+        self._metrics: HttpServer | None = None
+        if options.allow_http:
+            app = create_http_app(self.service, options.http_max_input_size)
+            self._http = HttpServer(app, options.host, options.http_port)
+        if options.allow_metrics:
+            metrics = create_metrics_app(self.service)
+            self._metrics = HttpServer(metrics, options.host, options.metrics_port)
         self._grpc: Any = None
         self._mps: MpsDaemon | None = None
         self.ports: dict[str, int] = {}
@@ -95,15 +102,16 @@ class Server:
             self._mps = MpsDaemon.start()
             os.environ.update(self._mps.env)
         await self.service.startup()
-        self._grpc = create_grpc_server(
-            self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds,
-            self.options.grpc_tls,
-        )  # fmt: skip
-        self.ports = {
-            "grpc_port": await self._grpc.start(),
-            "http_port": await self._http.start(),
-            "metrics_port": await self._metrics.start(),
-        }
+        if self.options.allow_grpc:
+            self._grpc = create_grpc_server(
+                self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds,
+                self.options.grpc_tls,
+            )  # fmt: skip
+            self.ports["grpc_port"] = await self._grpc.start()
+        if self._http is not None:
+            self.ports["http_port"] = await self._http.start()
+        if self._metrics is not None:
+            self.ports["metrics_port"] = await self._metrics.start()
         self._report()
 
     def _report(self) -> None:
@@ -112,12 +120,15 @@ class Server:
             for e in self.service.repository_index()
         ]
         print(_table(("Model", "Version", "Status"), rows), flush=True)
-        host = self.options.host
-        print(f"Started GRPCInferenceService at {host}:{self.ports['grpc_port']}", flush=True)
-        if self.options.grpc_uds:
-            print(f"Started GRPCInferenceService at unix:{self.options.grpc_uds}", flush=True)
-        print(f"Started HTTPService at {host}:{self.ports['http_port']}", flush=True)
-        print(f"Started Metrics Service at {host}:{self.ports['metrics_port']}", flush=True)
+        host, ports = self.options.host, self.ports
+        if "grpc_port" in ports:
+            print(f"Started GRPCInferenceService at {host}:{ports['grpc_port']}", flush=True)
+            if self.options.grpc_uds:
+                print(f"Started GRPCInferenceService at unix:{self.options.grpc_uds}", flush=True)
+        if "http_port" in ports:
+            print(f"Started HTTPService at {host}:{ports['http_port']}", flush=True)
+        if "metrics_port" in ports:
+            print(f"Started Metrics Service at {host}:{ports['metrics_port']}", flush=True)
         if self.options.ready_fd is not None:
             os.write(self.options.ready_fd, json.dumps(self.ports).encode() + b"\n")
             os.close(self.options.ready_fd)
@@ -126,11 +137,8 @@ class Server:
         """1. stop accepting; let in-flight requests finish  2. finalize and stop workers."""
         timeout = self.options.shutdown_timeout
         log.info("shutting down: waiting up to %g s for in-flight requests", timeout)
-        await asyncio.gather(
-            *([self._grpc.stop(timeout)] if self._grpc is not None else []),
-            self._http.stop(timeout),
-            self._metrics.stop(timeout),
-        )
+        frontends = [f for f in (self._grpc, self._http, self._metrics) if f is not None]
+        await asyncio.gather(*(frontend.stop(timeout) for frontend in frontends))
         await self.service.shutdown()
         if self._mps is not None:
             await asyncio.to_thread(self._mps.stop)

@@ -425,3 +425,22 @@ def test_identity_models(examples: Client, datatype: str) -> None:
         else:  # bit for bit: BF16 as its patterns, floats with the signs of their zeros
             assert got.dtype == sent.dtype
             assert got.tobytes() == sent.tobytes()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--disable-auto-complete-config",), ("--strict-model-config", "true"),
+     ("--strict-model-config",), ("--strict-model-config", "false")],
+)  # fmt: skip
+def test_auto_complete_can_be_switched_off(tmp_path: Any, flags: tuple[str, ...]) -> None:
+    """Without auto-complete the config stays as written (here: none, so no inputs), as in
+    Triton; --strict-model-config false keeps it on."""
+    shutil.copytree(TEST_MODELS / "auto_complete", tmp_path / "auto_complete")
+    completes = flags == ("--strict-model-config", "false")
+    with (
+        run_server(tmp_path, *flags) as server,
+        grpcclient.InferenceServerClient(server.grpc_url) as client,
+    ):
+        config = client.get_model_config("auto_complete").config
+        assert [i.name for i in config.input] == (["INPUT0", "INPUT1"] if completes else [])
+        assert config.max_batch_size == (4 if completes else 0)

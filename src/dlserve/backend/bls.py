@@ -140,6 +140,8 @@ def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.Bl
         parameters=json.loads(params) if params != "{}" else {},
         timeout_us=max(timeout, 0),
         decoupled=decoupled,
+        correlation_id=request.correlation_id(),
+        flags=int(request.flags()),
     )
 
 

@@ -18,6 +18,13 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
+from dlserve.core.sequence_config import (
+    FLAG_END,
+    FLAG_START,
+    SEQUENCE_END,
+    SEQUENCE_ID,
+    SEQUENCE_START,
+)
 from dlserve.core.streams import Call, StreamItem
 from dlserve.ipc import messages as m
 from dlserve.types import (
@@ -26,6 +33,7 @@ from dlserve.types import (
     InferRequest,
     InferResponse,
     InputTensor,
+    ParamValue,
     RegionRef,
     RequestedOutput,
 )
@@ -154,7 +162,7 @@ class BlsRouter:
         version = "" if msg.model_version < 0 else str(msg.model_version)
         request = InferRequest(
             msg.model_name, version, msg.request_id, inputs,
-            [RequestedOutput(name) for name in msg.outputs], dict(msg.parameters),
+            [RequestedOutput(name) for name in msg.outputs], _parameters(msg),
         )  # fmt: skip
         return request, Call(tuple(msg.chain), lease, lend=True)
 
@@ -312,3 +320,14 @@ def _return_lent(response: InferResponse | None) -> None:
     """Outputs nobody will map: their space goes back to the callee at once."""
     if response is not None:
         return_lent(response.outputs)
+
+
+def _parameters(msg: m.BlsCall) -> dict[str, ParamValue]:
+    """A BLS request's parameters, with its correlation id and flags as a client would
+    send them (the callee's scheduler takes them out again)."""
+    params: dict[str, ParamValue] = dict(msg.parameters)
+    if msg.correlation_id or msg.flags:
+        params[SEQUENCE_ID] = msg.correlation_id
+        params[SEQUENCE_START] = bool(msg.flags & FLAG_START)
+        params[SEQUENCE_END] = bool(msg.flags & FLAG_END)
+    return params

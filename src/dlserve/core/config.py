@@ -117,6 +117,10 @@ def normalize(config: Any, name: str, gpu_count: int) -> None:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0")
     _check_tensors(config, name)
     _refuse_unsupported(config, name)
+    if config.HasField("sequence_batching"):
+        from dlserve.core import sequence_config
+
+        sequence_config.check(config, name)
     _normalize_instance_groups(config, name, gpu_count)
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1

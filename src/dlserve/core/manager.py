@@ -23,13 +23,14 @@ import msgspec
 from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
+from dlserve.core import classification, warmup
 from dlserve.core import config as cfg
-from dlserve.core import warmup
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
 from dlserve.core.scheduler import Scheduler
+from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
@@ -51,6 +52,7 @@ class ManagerOptions:
     reply_poll_us: int = REPLY_POLL_US  # the server polls for a worker's reply this long
     load_timeout: float = 300.0
     stop_timeout: float = 30.0
+    auto_complete: bool = True  # call the models' auto_complete_config (Triton's default)
 
 
 @dataclass(slots=True)
@@ -66,6 +68,7 @@ class ModelVersion:
     scheduler: Scheduler | None = None
     ensemble: EnsemblePlan | None = None
     steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
+    labels: dict[str, list[str]] = field(default_factory=dict)  # outputs' label files
     decoupled: bool = field(init=False)  # from the config, read once
     # decoupled requests still streaming, and how to end each (stop() waits for them)
     streams: dict[int, Callable[[errors.DlserveError], None]] = field(default_factory=dict)
@@ -112,6 +115,9 @@ class ModelVersion:
         failure = errors.UnavailableError(f"model '{self.name}' is being unloaded")
         for cut in list(self.streams.values()):
             cut(failure)
+
+
+UNLOADED = "unloaded"  # the reason of a model unloaded on request (Triton's word)
 
 
 @dataclass(slots=True)
@@ -266,9 +272,10 @@ class ModelManager:
         self, source: ModelSource, version: int, raw: Any, worker: WorkerBase
     ) -> Any:
         template = self._template(source, version, raw, autocomplete=True)
-        msg = msgspec.structs.replace(
+        msg = msgspec.structs.replace(  # without auto-complete: the model is only imported
             template,
             instance_name=f"{source.name}_autocomplete",
+            autocomplete=self.options.auto_complete,
         )
         loaded = await worker.load(msg, self.options.load_timeout)
         config = cfg.config_from_json(
@@ -282,6 +289,7 @@ class ModelManager:
     ) -> ModelVersion:
         template = self._template(source, version, config, autocomplete=False)
         samples = warmup.plan(config, source.path)
+        labels = classification.load_labels(config, source.path)
         pool = WorkerPool(
             instance_specs(config),
             template,
@@ -297,10 +305,12 @@ class ModelManager:
             await pool.stop(timeout=5.0)
             raise
         stats = ModelStats(source.name, str(version))
-        scheduler = Scheduler(source.name, pool, config, stats)
+        kind = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
+        scheduler = kind(source.name, pool, config, stats)
         return ModelVersion(
-            source.name, version, config, RequestValidator(config), stats, pool, scheduler
-        )
+            source.name, version, config, RequestValidator(config), stats, pool, scheduler,
+            labels=labels,
+        )  # fmt: skip
 
     # -- ensembles ----------------------------------------------------------------------
     async def _start_ensemble(
@@ -327,6 +337,7 @@ class ModelManager:
                     f"version {step.model_version} is not loaded."
                 )
         steps_ready = functools.partial(self._steps_ready, plan)
+        labels = classification.load_labels(config, source.path)
         versions = {
             v: ModelVersion(
                 source.name,
@@ -336,6 +347,7 @@ class ModelManager:
                 ModelStats(source.name, str(v)),
                 ensemble=plan,
                 steps_ready=steps_ready,
+                labels=labels,
             )
             for v in select_versions(source, config)
         }
@@ -386,7 +398,7 @@ class ModelManager:
             return
         async with entry.lock:
             await self._unload_locked(entry)
-            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED
 
     async def _unload_locked(self, entry: ModelEntry) -> None:
         if entry.versions:

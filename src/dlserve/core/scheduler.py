@@ -24,6 +24,7 @@ from typing import Any, cast
 from dlserve import errors
 from dlserve.core.queues import TIMEOUT_EXPIRED, BatchPolicy, Job, JobQueue
 from dlserve.core.regions import RegionLease
+from dlserve.core.sequence_config import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, pop_sequence
 from dlserve.core.stats import ModelStats
 from dlserve.ipc import messages as m
 from dlserve.types import InputTensor, Parameters
@@ -34,9 +35,11 @@ from dlserve.workers.streams import StreamSink
 
 log = logging.getLogger("dlserve.scheduler")
 
-# Request parameters the scheduler consumes (Triton's); the model does not see them.
+# Request parameters the scheduler consumes (Triton's); the model does not see them (the
+# sequence ones reach it as request.correlation_id() and request.flags()).
 PRIORITY = "priority"
 TIMEOUT = "timeout"
+_CONSUMED = frozenset((PRIORITY, TIMEOUT, SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END))
 
 
 @dataclass(slots=True)
@@ -85,11 +88,13 @@ class Scheduler:
         ``chain`` and ``lend``: a BLS request's upstream models, and whether its outputs
         stay in the worker's memory for the caller to map."""
         params = parameters
-        priority = timeout_us = 0
-        if PRIORITY in parameters or TIMEOUT in parameters:  # the scheduler's, not the model's
+        priority = timeout_us = flags = 0
+        correlation_id: int | str = 0
+        if parameters and not _CONSUMED.isdisjoint(parameters):  # the core's, not the model's
             params = dict(parameters)
             priority = _int_param(params.pop(PRIORITY, 0), PRIORITY)
             timeout_us = _int_param(params.pop(TIMEOUT, 0), TIMEOUT)
+            correlation_id, flags = pop_sequence(params)
         level = self.policy.level(priority) if priority else self.policy.default_level
         now = time.monotonic_ns()
         deadline = self.policy.policy(level).deadline(now, timeout_us) if self._timed else 0
@@ -97,6 +102,7 @@ class Scheduler:
             request_id, inputs, outputs, params,
             lease.inputs if lease is not None else NO_SPANS,
             lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
+            correlation_id, flags,
         )  # fmt: skip
         future: asyncio.Future[WorkerReply | None] = self._loop.create_future()
         return Job(item, batch, level, now, deadline, future, lease, keep)
@@ -306,12 +312,16 @@ class Scheduler:
         """Wait (up to ``timeout`` s) until nothing is queued or executing: a version being
         unloaded takes no new requests, and finishes the ones it has."""
         deadline = time.monotonic() + timeout
-        while (len(self.queue) or self._busy) and time.monotonic() < deadline:
+        while (self._waiting() or self._busy) and time.monotonic() < deadline:
             self._idle = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait_for(self._idle, deadline - time.monotonic())
             except TimeoutError:
                 break
+
+    def _waiting(self) -> int:
+        """How many requests wait for an instance."""
+        return len(self.queue)
 
     def stop(self) -> None:
         """The version goes away: what still waits fails."""

@@ -12,11 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlserve import __version__, errors
-from dlserve.core import cuda_check, streams
+from dlserve.core import classification, cuda_check, streams
 from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
 from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
-from dlserve.core.manager import ManagerOptions, ModelEntry, ModelManager, ModelVersion
+from dlserve.core.manager import (
+    UNLOADED,
+    ManagerOptions,
+    ModelEntry,
+    ModelManager,
+    ModelVersion,
+)
 from dlserve.core.metrics import Metrics
 from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
 from dlserve.core.poller import RepositoryPoller
@@ -58,6 +64,7 @@ EXTENSIONS = (
 class ServiceOptions:
     model_control_mode: str = "none"  # "none" | "explicit" | "poll"
     repository_poll_secs: float = 15.0  # poll mode: how often the repository is looked at
+    strict_readiness: bool = True  # ready only while every model is (Triton's default)
     startup_models: list[str] = field(default_factory=list)  # explicit mode: --load-model
     manager: ManagerOptions = field(default_factory=ManagerOptions)
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
@@ -126,10 +133,15 @@ class InferenceService:
         return True
 
     def ready(self) -> bool:
+        """Started, and with strict readiness (Triton's default) every model the server
+        tried to load is READY with every instance up, or was unloaded."""
         if not self._started:
             return False
+        if not self.options.strict_readiness:
+            return True
         return all(
-            e.state != ModelState.READY or all(v.ready for v in e.versions.values())
+            (e.state == ModelState.READY and all(v.ready for v in e.versions.values()))
+            or (e.state == ModelState.UNAVAILABLE and e.reason == UNLOADED)
             for e in self.manager.models.values()
         )
 
@@ -214,6 +226,7 @@ class InferenceService:
                 "the streaming endpoint"
             )
         parameters: dict[str, Any] = {}
+        classes = classification.requested(request) if request.outputs else {}
         try:
             if loaded.ensemble is not None:
                 outputs = await self._run_ensemble(loaded, request, received)
@@ -223,6 +236,9 @@ class InferenceService:
                 outputs = reply_outputs(loaded, reply)
                 if reply.parameters:
                     parameters = dict(reply.parameters)
+            if classes:
+                batched = loaded.config.max_batch_size > 0
+                outputs = classification.apply(outputs, classes, batched, loaded.labels)
         except errors.DlserveError as exc:
             loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
             raise

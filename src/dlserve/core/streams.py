@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dlserve import errors
+from dlserve.core import classification
 from dlserve.core.regions import RegionLease
 from dlserve.types import InferRequest, InferResponse, OutputTensor
 from dlserve.workers.client import WorkerBase, WorkerReply
@@ -61,12 +62,28 @@ async def infer_stream(
         if not loaded.decoupled:
             yield StreamItem(await service.infer(request, call), None, True)
             return
+        classes = classification.requested(request) if request.outputs else {}
     except errors.DlserveError as exc:
         yield StreamItem(None, exc, True)
         return
     async with contextlib.aclosing(_run_decoupled(service, loaded, request, call)) as items:
         async for item in items:
-            yield item
+            yield _classified(item, classes, loaded) if classes else item
+
+
+def _classified(item: StreamItem, classes: dict[str, int], loaded: ModelVersion) -> StreamItem:
+    """A decoupled model's response with the outputs asked for as classifications replaced."""
+    response = item.response
+    if response is None:
+        return item
+    batched = loaded.config.max_batch_size > 0
+    try:
+        outputs = classification.apply(response.outputs, classes, batched, loaded.labels)
+    except errors.DlserveError as exc:
+        return StreamItem(None, exc, item.final, item.model_version)
+    response = InferResponse(response.model_name, response.model_version, response.id,
+                             outputs, response.parameters)  # fmt: skip
+    return StreamItem(response, item.error, item.final, item.model_version)
 
 
 async def _run_decoupled(

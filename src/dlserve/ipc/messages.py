@@ -75,6 +75,8 @@ class Infer(_Msg, tag=2):
     output_regions: list[TensorRef] = []
     chain: list[str] = []  # BLS: the models upstream of this request, callers first
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
+    correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
+    flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
 
 
 class Cancel(_Msg, tag=7):
@@ -163,6 +165,8 @@ class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     output_regions: list[TensorRef] = []
     chain: list[str] = []  # BLS: the models upstream of this request, callers first
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
+    correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
+    flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
 
 
 class InferBatch(_Msg, tag=20):
@@ -290,6 +294,8 @@ class BlsCall(_Msg, tag=105):
     timeout_us: int = 0  # 0: none
     decoupled: bool = False  # the caller iterates over the responses
     chain: list[str] = []  # the models upstream of this call, the caller last
+    correlation_id: int | str = 0  # the request's correlation_id() (0: none)
+    flags: int = 0  # its flags(): SEQUENCE_START 1, SEQUENCE_END 2
 
 
 class ControlCall(_Msg, tag=106):

@@ -59,6 +59,8 @@ class WorkItem:
     output_spans: Mapping[str, Span] = field(default_factory=dict)
     chain: list[str] = field(default_factory=list)  # BLS: the models upstream of it
     lend: bool = False  # BLS: outputs stay in the worker's memory for the caller to map
+    correlation_id: int | str = 0  # the sequence id (0: none)
+    flags: int = 0  # SEQUENCE_START 1, SEQUENCE_END 2
 
 
 # What becomes of one request sent to a worker: its reply frame, or the worker's death.

@@ -267,6 +267,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         request = pb_utils.InferenceRequest._received(
             self.load.model_name, inputs, msg.outputs, msg.request_id, msg.parameters
         )
+        if msg.flags or msg.correlation_id:  # a sequence's request
+            request._correlation_id, request._flags = msg.correlation_id, msg.flags
         targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS
         outputs = self.outputs
         request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+../../sequence_acc/1/model.py
