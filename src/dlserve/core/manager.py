@@ -32,6 +32,7 @@ from dlserve.core.repository import ModelSource, Repository, select_versions
 from dlserve.core.scheduler import Scheduler
 from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
+from dlserve.core.streams import OpenStreams
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
@@ -70,9 +71,7 @@ class ModelVersion:
     steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
     labels: dict[str, list[str]] = field(default_factory=dict)  # outputs' label files
     decoupled: bool = field(init=False)  # from the config, read once
-    # decoupled requests still streaming, and how to end each (stop() waits for them)
-    streams: dict[int, Callable[[errors.DlserveError], None]] = field(default_factory=dict)
-    _streams_done: asyncio.Event | None = None
+    streams: OpenStreams = field(default_factory=OpenStreams)  # stop() waits for them
 
     def __post_init__(self) -> None:
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
@@ -90,31 +89,11 @@ class ModelVersion:
         deadline = time.monotonic() + timeout
         if self.scheduler is not None:
             await self.scheduler.drain(timeout)
-        await self._drain_streams(deadline)
+        await self.streams.drain(deadline, self.name)
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.pool is not None:
             await self.pool.stop(timeout)
-
-    def open_stream(self, key: int, cut: Callable[[errors.DlserveError], None]) -> None:
-        """A decoupled request streams its responses; ``cut`` ends it early."""
-        self.streams[key] = cut
-
-    def close_stream(self, key: int) -> None:
-        self.streams.pop(key, None)
-        if not self.streams and self._streams_done is not None:
-            self._streams_done.set()
-
-    async def _drain_streams(self, deadline: float) -> None:
-        while self.streams and (remaining := deadline - time.monotonic()) > 0:
-            self._streams_done = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._streams_done.wait(), remaining)
-            except TimeoutError:
-                break
-        failure = errors.UnavailableError(f"model '{self.name}' is being unloaded")
-        for cut in list(self.streams.values()):
-            cut(failure)
 
 
 UNLOADED = "unloaded"  # the reason of a model unloaded on request (Triton's word)

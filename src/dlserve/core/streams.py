@@ -103,7 +103,7 @@ async def _run_decoupled(
         replies: asyncio.Queue[StreamReply] = asyncio.Queue()
         sink = StreamSink(replies.put_nowait, call.lend)
         worker, rid = await loaded.scheduler.run_stream(job, sink)
-        loaded.open_stream(id(sink), _cutter(sink, worker, rid))  # an unload waits for it
+        loaded.streams.open(id(sink), _cutter(sink, worker, rid))  # an unload waits for it
         final = False
         try:
             while not final:
@@ -112,15 +112,9 @@ async def _run_decoupled(
                 final = each.final
                 if final and each.timings is not None:
                     service._record(loaded, WorkerReply([], each.timings), 1, received)
-                response = None
-                if each.reply is not None:
-                    response = InferResponse(
-                        request.model_name, str(loaded.version), request.id,
-                        reply_outputs(loaded, each.reply), dict(each.reply.parameters),
-                    )  # fmt: skip
-                yield StreamItem(response, each.error, each.final, str(loaded.version))
+                yield _stream_item(loaded, request, each)
         finally:
-            loaded.close_stream(id(sink))
+            loaded.streams.close(id(sink))
             if not final:  # the consumer left: the model sees is_cancelled()
                 sink.abandoned = True
                 worker.cancel(rid)
@@ -131,6 +125,47 @@ async def _run_decoupled(
     finally:
         if lease is not None:
             service.regions.release(lease)
+
+
+def _stream_item(loaded: ModelVersion, request: InferRequest, each: StreamReply) -> StreamItem:
+    response = None
+    if each.reply is not None:
+        response = InferResponse(
+            request.model_name, str(loaded.version), request.id,
+            reply_outputs(loaded, each.reply), dict(each.reply.parameters),
+        )  # fmt: skip
+    return StreamItem(response, each.error, each.final, str(loaded.version))
+
+
+class OpenStreams:
+    """A model version's decoupled requests still streaming, and how to end each early:
+    unloading waits for them (:meth:`drain`) as it waits for requests that execute."""
+
+    def __init__(self) -> None:
+        self._cuts: dict[int, Callable[[errors.DlserveError], None]] = {}
+        self._none_left: asyncio.Event | None = None
+
+    def open(self, key: int, cut: Callable[[errors.DlserveError], None]) -> None:
+        self._cuts[key] = cut
+
+    def close(self, key: int) -> None:
+        self._cuts.pop(key, None)
+        if not self._cuts and self._none_left is not None:
+            self._none_left.set()
+
+    async def drain(self, deadline: float, model: str) -> None:
+        """Wait until every stream has ended, until ``deadline`` (monotonic seconds); end
+        the ones still open with UNAVAILABLE (their clients read too slowly, or not at all,
+        so their models wait for credit)."""
+        while self._cuts and (remaining := deadline - time.monotonic()) > 0:
+            self._none_left = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._none_left.wait(), remaining)
+            except TimeoutError:
+                break
+        failure = errors.UnavailableError(f"model '{model}' is being unloaded")
+        for cut in list(self._cuts.values()):
+            cut(failure)
 
 
 def _cutter(
