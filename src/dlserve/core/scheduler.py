@@ -154,7 +154,7 @@ class Scheduler:
             return
         now = time.monotonic_ns()
         for job in self.queue.expire(now):
-            _fail(job, errors.UnavailableError(TIMEOUT_EXPIRED))
+            fail_job(job, errors.UnavailableError(TIMEOUT_EXPIRED))
         wait = 0
         while (head := self.queue.head()) is not None:
             worker = self._free_worker(head.device)
@@ -164,7 +164,7 @@ class Scheduler:
                         f"no instance of model '{self.name}' is available (restarting)"
                     )
                     for job in self.queue.all():
-                        _fail(job, failure)
+                        fail_job(job, failure)
                 break
             count, wait = self.queue.next_batch(now)
             if not count:
@@ -247,7 +247,7 @@ class Scheduler:
             rids = worker.submit([job.item for job in live], callbacks)
         except errors.DlserveError as exc:
             for job in live:
-                _fail(job, exc)
+                fail_job(job, exc)
             return
         for job, rid in zip(live, rids, strict=True):
             job.sent = (worker, rid)
@@ -291,7 +291,7 @@ class Scheduler:
                 except errors.DlserveError as exc:
                     job.future.set_exception(exc)
         else:
-            _fail(job, outcome)
+            fail_job(job, outcome)
         execution.remaining -= 1
         if execution.remaining == 0:
             self._busy.discard(worker)
@@ -330,11 +330,12 @@ class Scheduler:
             self._timer = None
         failure = errors.UnavailableError(f"model '{self.name}' is being unloaded")
         for job in self.queue.all():
-            _fail(job, failure)
+            fail_job(job, failure)
         self.stats.pending = 0
 
 
-def _fail(job: Job, exc: errors.DlserveError) -> None:
+def fail_job(job: Job, exc: errors.DlserveError) -> None:
+    """End a job that waits (or ran) with ``exc``, unless it has its outcome already."""
     if not job.future.done():
         job.future.set_exception(exc)
 

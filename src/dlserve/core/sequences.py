@@ -26,7 +26,7 @@ from typing import Any
 
 from dlserve import errors
 from dlserve.core.queues import Job
-from dlserve.core.scheduler import Scheduler, _fail
+from dlserve.core.scheduler import Scheduler, fail_job
 from dlserve.core.sequence_config import (
     END,
     FLAG_END,
@@ -186,7 +186,7 @@ class SequenceScheduler(Scheduler):
         self._queued -= len(sequence.jobs)
         for other in sequence.jobs:
             if other is not job:
-                _fail(other, failure)
+                fail_job(other, failure)
         sequence.jobs.clear()
         self._end(sequence)
         self.dispatch()
@@ -266,7 +266,7 @@ class SequenceScheduler(Scheduler):
         for sequence in [*self._slots, *self._backlog]:
             if sequence is not None:
                 for job in sequence.jobs:
-                    _fail(job, failure)
+                    fail_job(job, failure)
                 sequence.jobs.clear()
         self._queued = 0
 

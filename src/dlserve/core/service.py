@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlserve import __version__, errors
-from dlserve.core import classification, cuda_check, streams
+from dlserve.core import classification, cuda_check, ensemble_steps, streams
 from dlserve.core.bls import BlsRouter
 from dlserve.core.config import config_to_dict
-from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
+from dlserve.core.log_settings import LogSettings
 from dlserve.core.manager import (
     UNLOADED,
     ManagerOptions,
@@ -27,11 +25,11 @@ from dlserve.core.metrics import Metrics
 from dlserve.core.owners import OwnerOptions, ReclaimCollector, RegionOwners
 from dlserve.core.poller import RepositoryPoller
 from dlserve.core.raw_input import raw_input
-from dlserve.core.regions import AllowClientShm, RegionLease, RegionRegistry
+from dlserve.core.regions import AllowClientShm, RegionRegistry
 from dlserve.core.repository import Repository
+from dlserve.core.stats import failure_reason
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.trace import TraceSettings
-from dlserve.ipc import messages as m
 from dlserve.types import (
     InferRequest,
     InferResponse,
@@ -39,16 +37,13 @@ from dlserve.types import (
     ModelMetadata,
     ModelState,
     ModelStatistics,
-    OutputTensor,
     Peer,
     RegionStatus,
     RepositoryEntry,
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers import client as worker_client
 from dlserve.workers.client import WorkerReply
-from dlserve.workers.lending import return_lent
 
 log = logging.getLogger("dlserve")
 
@@ -81,10 +76,7 @@ class InferenceService:
         self.metrics = Metrics(lambda: self.manager.all_stats(), [ReclaimCollector(self.owners)])
         self.bls = BlsRouter(self)
         self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
-        self.log_settings: dict[str, Any] = {
-            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-            "log_verbose_level": options.log_verbose, "log_format": "default",
-        }  # fmt: skip
+        self._log = LogSettings(options.log_verbose)
         self.trace = TraceSettings()
         self.poller: RepositoryPoller | None = None
         if options.model_control_mode == "poll":
@@ -229,7 +221,7 @@ class InferenceService:
         classes = classification.requested(request) if request.outputs else {}
         try:
             if loaded.ensemble is not None:
-                outputs = await self._run_ensemble(loaded, request, received)
+                outputs = await ensemble_steps.run(self, loaded, request, received)
             else:
                 reply, batch = await self._run(loaded, request, call=call)
                 self._record(loaded, reply, batch, received)
@@ -240,7 +232,7 @@ class InferenceService:
                 batched = loaded.config.max_batch_size > 0
                 outputs = classification.apply(outputs, classes, batched, loaded.labels)
         except errors.DlserveError as exc:
-            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
+            loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
             raise
         except asyncio.CancelledError:
             loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
@@ -292,61 +284,6 @@ class InferenceService:
         finally:
             if lease is not None:
                 self.regions.release(lease)
-
-    async def _run_ensemble(
-        self, loaded: ModelVersion, request: InferRequest, received: int
-    ) -> list[OutputTensor]:
-        assert loaded.ensemble is not None
-        inputs, batch = loaded.validator.check(request)
-        outputs = await run_ensemble(
-            loaded.ensemble, request, inputs, self._run_step,
-            lends=lambda model: not self.repository.is_ensemble(model),
-        )  # fmt: skip
-        total = time.monotonic_ns() - received
-        loaded.stats.record_request(batch if loaded.config.max_batch_size > 0 else 1,
-                                    total, 0, 0, 0, 0)  # fmt: skip
-        loaded.stats.execution_count += 1
-        return outputs
-
-    async def _run_step(
-        self, request: InferRequest, memory: StepMemory
-    ) -> tuple[list[OutputTensor], Callable[[], None]]:
-        """One ensemble step, counted in its model's statistics; its outputs stay in the
-        worker's memory (viewed, or lent) until the returned callable gives them back."""
-        received = time.monotonic_ns()
-        loaded = self.version(request.model_name, request.model_version)
-        if loaded.ensemble is not None:
-            response = await self.infer(request)
-            return response.outputs, _nothing
-        call = Call(lease=self._step_lease(request, memory.spans), lend=memory.lend)
-        try:
-            reply, batch = await self._run(loaded, request, keep=True, call=call)
-        except errors.DlserveError as exc:
-            loaded.stats.record_failure(time.monotonic_ns() - received, _reason(exc))
-            raise
-        self._record(loaded, reply, batch, received)
-        shape = loaded.validator.output_shape
-        outputs = [OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
-                   for o in reply.outputs]  # fmt: skip
-        worker, held = reply.worker, reply.held
-        release_held = (functools.partial(worker.release_outputs, held)
-                        if worker is not None and held else _nothing)  # fmt: skip
-        if not any(o.lent is not None for o in outputs):
-            return outputs, release_held
-        return outputs, functools.partial(_give_back, release_held, outputs)
-
-    def _step_lease(
-        self, request: InferRequest, spans: dict[str, Lent] | None
-    ) -> RegionLease | None:
-        """A step's inputs that are earlier steps' lent outputs go by reference; the rest
-        (client regions) are leased as for any request. None: lease as usual."""
-        if not spans:
-            return None
-        others = [t for t in request.inputs if t.name not in spans]
-        base = self.regions.lease(dataclasses.replace(request, inputs=others))
-        if base is None:
-            return self.regions.lease_spans({}, spans)
-        return RegionLease({**base.inputs, **spans}, base.outputs, base.regions)
 
     # -- system and CUDA shared memory --------------------------------------------------
     def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
@@ -438,37 +375,9 @@ class InferenceService:
         self._check_explicit()
         await self.manager.unload(name)
 
+    @property
+    def log_settings(self) -> dict[str, Any]:
+        return self._log.values
+
     def update_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
-        for key, value in settings.items():
-            if key not in self.log_settings:
-                raise errors.InvalidArgumentError(f"Logging setting '{key}' is unknown")
-            self.log_settings[key] = value
-        self._apply_log_level()
-        settings = self.log_settings
-        worker_client.apply_log_settings(m.LogSettings(
-            int(settings["log_verbose_level"]), bool(settings["log_info"]),
-            bool(settings["log_warning"]), bool(settings["log_error"]),
-        ))  # fmt: skip
-        return dict(self.log_settings)
-
-    def _apply_log_level(self) -> None:
-        level = logging.INFO if self.log_settings["log_info"] else logging.WARNING
-        if not self.log_settings["log_warning"]:
-            level = logging.ERROR
-        if self.log_settings["log_verbose_level"]:
-            level = logging.DEBUG
-        logging.getLogger("dlserve").setLevel(level)
-
-
-def _reason(exc: errors.DlserveError) -> str:
-    """Triton's failure label for a request that failed with ``exc``."""
-    return "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-
-
-def _give_back(release_held: Callable[[], None], outputs: list[OutputTensor]) -> None:
-    release_held()
-    return_lent(outputs)
-
-
-def _nothing() -> None:
-    """An ensemble step whose outputs hold nothing that must be given back."""
+        return self._log.update(settings)

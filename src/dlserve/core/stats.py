@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from dlserve import errors
 from dlserve.types import BatchStats, DurationStat, InferenceStats, ModelStatistics
 
 
@@ -132,3 +133,8 @@ class ModelStats:
             inference,
             batches,
         )
+
+
+def failure_reason(exc: errors.DlserveError) -> str:
+    """Triton's failure label for a request that failed with ``exc``."""
+    return "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"

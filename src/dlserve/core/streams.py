@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Final
 from dlserve import errors
 from dlserve.core import classification
 from dlserve.core.regions import RegionLease
+from dlserve.core.stats import failure_reason
 from dlserve.types import InferRequest, InferResponse, OutputTensor
 from dlserve.workers.client import WorkerBase, WorkerReply
 from dlserve.workers.streams import StreamReply, StreamSink
@@ -119,8 +120,7 @@ async def _run_decoupled(
                 sink.abandoned = True
                 worker.cancel(rid)
     except errors.DlserveError as exc:
-        reason = "REJECTED" if isinstance(exc, errors.InvalidArgumentError) else "BACKEND"
-        loaded.stats.record_failure(time.monotonic_ns() - received, reason)
+        loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
         yield StreamItem(None, exc, True)
     finally:
         if lease is not None:
