@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECONDS",
-        help="at shutdown, how long in-flight requests may take to finish before their "
-        "workers are stopped anyway (default 30, as Triton)",
+        help="at shutdown (and when a model is unloaded), how long in-flight requests, "
+        "streams included, may take to finish before they are ended and their workers "
+        "stopped anyway (default 30, as Triton)",
     )  # fmt: skip
     serve.add_argument(
         "--strict-readiness", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",

@@ -14,6 +14,7 @@ today; passing them by IPC handle is marked ``GPU-BLS`` below.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import weakref
@@ -233,12 +234,17 @@ _CODE_NAMES = {
 
 
 class ResponseIterator:
-    """The responses of a BLS call to a decoupled model, the empty final one included."""
+    """The responses of a BLS call to a decoupled model, the empty final one included.
+
+    Flow control: the server forwards no more than WINDOW_RESPONSES responses that this
+    iterator has not taken; taking them gives credit back, half a window at a time."""
 
     def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
         self._worker = worker
         self._call = call
         self._done = False
+        self._taken = 0  # responses taken, not yet credited back
+        self._taken_bytes = 0
         self._inputs = inputs  # the callee may read the caller's memory until the end
 
     def __iter__(self) -> ResponseIterator:
@@ -252,16 +258,30 @@ class ResponseIterator:
             self._done = True
             self._inputs = []
             self._worker.close_call(self._call)
+        else:
+            self._taken += 1
+            self._taken_bytes += sum(ref.nbytes for ref in reply.outputs)
+            if self._taken >= m.WINDOW_RESPONSES // 2 or self._taken_bytes >= m.WINDOW_BYTES // 2:
+                self._credit(m.BlsCredit(self._call, self._taken, self._taken_bytes))
+                self._taken = self._taken_bytes = 0
         return _response(self._worker, reply, payload)
 
+    def _credit(self, msg: m.BlsCredit) -> None:
+        with contextlib.suppress(ChannelClosed):  # the server is gone: nothing to tell
+            self._worker.send(msg)
+
     def cancel(self) -> None:
-        """Stop listening: responses still coming are dropped."""
-        self._done = True
-        self._worker.close_call(self._call)
+        """Stop listening: responses still coming are dropped, and the callee's request
+        is cancelled (it sees ``is_cancelled()``)."""
+        if not self._done:
+            self._done = True
+            self._worker.close_call(self._call)
+            self._credit(m.BlsCredit(self._call, stop=True))
 
     def __del__(self) -> None:
         if not self._done:
             self._worker.close_call(self._call)
+            self._worker.stop_call_later(self._call)
 
 
 def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 Frame = tuple[m.ServerToWorker, memoryview]
 Answer = m.MetricValueReply | m.BlsReply | m.ControlReply
 CALL_TIMEOUT_S: Final = 30.0
+HOLD_RECHECK_S: Final = 0.2  # a held send that reads looks at its window this often at least
 
 
 class WorkerLink:
@@ -55,9 +56,13 @@ class WorkerLink:
         # output-arena space (and lent GPU outputs) back
         self.on_release: Callable[[list[int], list[int]], None] | None = None
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
+        self._call_stops: deque[int] = deque()  # decoupled BLS calls nobody listens to now
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
         self.upstream: list[str] = []  # BLS: the models upstream of the request executing
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
+        # flow control: decoupled requests' responses not yet taken by the consumer, by rid
+        self._windows: dict[int, _Window] = {}
+        self.stopping = False  # Shutdown has come: a send held back is given up
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
@@ -66,6 +71,8 @@ class WorkerLink:
                 self._channel.send(message, payload)
                 if self._peer_releases:
                     self._channel.send(self._take_peer_releases())
+                while self._call_stops:
+                    self._channel.send(m.BlsCredit(self._call_stops.popleft(), stop=True))
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
@@ -74,6 +81,11 @@ class WorkerLink:
         """A BLS output mapped from another worker's arena is gone: its space goes back
         with the next frame sent. Safe from a finalizer (no lock, no send here)."""
         self._peer_releases.append((arena, offset))
+
+    def stop_call_later(self, call: int) -> None:
+        """Nobody listens to decoupled BLS call ``call`` any more: the server hears it with
+        the next frame sent. Safe from a finalizer (no lock, no send here)."""
+        self._call_stops.append(call)
 
     def flush_peer_releases(self) -> None:
         if self._peer_releases:
@@ -109,12 +121,65 @@ class WorkerLink:
                 self._stop_reading()
                 if frame is None:
                     continue
-                if _is_answer(frame[0]) or isinstance(frame[0], m.Cancel):
+                msg = frame[0]
+                if isinstance(msg, _ROUTED):  # answers, Cancel, Credit: handled here
                     self._dispatch(frame)
-                elif not self._queued:  # the usual case: hand it over directly
+                    continue
+                if isinstance(msg, m.Shutdown):  # a send held back gives up (flow control)
+                    self.stopping = True
+                    self._notify()
+                if not self._queued:  # the usual case: hand it over directly
                     return frame
-                else:
-                    self._queued.append(frame)
+                self._queued.append(frame)
+
+    # -- flow control: a decoupled request's responses not yet taken ----------------------
+    def open_window(self, rid: int) -> None:
+        """Request ``rid`` is decoupled: its sends are counted against the window."""
+        with self._lock:
+            self._windows[rid] = _Window()
+
+    def close_window(self, rid: int) -> None:
+        """Request ``rid`` has sent its final flag: credit that comes later is dropped, and
+        a send still held (another thread's) is given up."""
+        with self._lock:
+            self._windows.pop(rid, None)
+            self._notify()
+
+    def hold_send(self, rid: int, cancelled: Callable[[], bool]) -> bool:
+        """Wait until request ``rid`` may send one more response (its consumer has taken
+        enough of the earlier ones) and count it; whichever thread waits reads frames
+        meanwhile, as :meth:`wait_answer` does. False when the send is to be given up:
+        ``cancelled()`` turned true (the consumer left), the request has ended (its final
+        flag went out from another thread), the worker is stopping, or the server has gone
+        away."""
+        while True:
+            with self._lock:
+                while True:
+                    window = self._windows.get(rid)
+                    if window is None:
+                        return False  # the final flag has gone: nothing follows it
+                    if cancelled() or self.stopping or self._closed:
+                        return False
+                    if window.has_room():
+                        window.responses += 1
+                        return True
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._wait(None)
+            # a timeout: the final flag sent by another thread is no frame to wake us
+            frame = self._read(HOLD_RECHECK_S)
+            with self._lock:
+                self._stop_reading()
+                if frame is not None:
+                    self._dispatch(frame)
+
+    def sent_bytes(self, rid: int, nbytes: int) -> None:
+        """The response just counted by :meth:`hold_send` carries ``nbytes``."""
+        with self._lock:
+            window = self._windows.get(rid)
+            if window is not None:
+                window.nbytes += nbytes
 
     # -- calls: a question sent, answers awaited ------------------------------------------
     def next_call_id(self) -> int:
@@ -241,16 +306,24 @@ class WorkerLink:
                 for ref in msg.outputs:
                     if ref.where == m.Where.PEER_ARENA:
                         self.release_peer(ref.region, ref.offset)
+        elif isinstance(msg, m.Credit):
+            window = self._windows.get(msg.rid)
+            if window is not None:
+                window.responses -= msg.responses
+                window.nbytes -= msg.nbytes
         elif isinstance(msg, m.Cancel) and self.on_cancel is not None:
             self.on_cancel(msg.rid)
         elif isinstance(msg, m.Release) and self.on_release is not None:
             self.on_release(msg.offsets, msg.gpu)  # thread-safe: the serve loop may be busy
         elif not isinstance(msg, m.Cancel):
+            if isinstance(msg, m.Shutdown):
+                self.stopping = True
             self._queued.append(frame)
         self._notify()
 
 
 _ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply)  # a tuple: no union per call
+_ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit)  # what the serve loop's reader routes at once
 
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
@@ -260,6 +333,22 @@ def _is_answer(msg: m.ServerToWorker) -> bool:
 def _is_signal(msg: m.ServerToWorker) -> bool:
     """Frames handled at once by whichever thread reads them, not by the serve loop."""
     return isinstance(msg, m.Cancel | m.Release)
+
+
+class _Window:
+    """A decoupled request's responses sent and not yet taken by its consumer (guarded by
+    the link's lock): at most WINDOW_RESPONSES of them, or WINDOW_BYTES (one beyond)."""
+
+    __slots__ = ("nbytes", "responses")
+
+    def __init__(self) -> None:
+        self.responses = 0
+        self.nbytes = 0
+
+    def has_room(self) -> bool:
+        return self.responses < m.WINDOW_RESPONSES and (
+            self.nbytes < m.WINDOW_BYTES or self.responses == 0
+        )
 
 
 _local = threading.local()

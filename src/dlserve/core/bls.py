@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
@@ -25,7 +25,7 @@ from dlserve.core.sequence_config import (
     SEQUENCE_ID,
     SEQUENCE_START,
 )
-from dlserve.core.streams import Call
+from dlserve.core.streams import Call, StreamItem
 from dlserve.ipc import messages as m
 from dlserve.types import (
     ArenaSpan,
@@ -69,6 +69,7 @@ class BlsRouter:
     def __init__(self, service: InferenceService) -> None:
         self.service = service
         self._tasks: set[asyncio.Task[None]] = set()
+        self._streams: dict[tuple[int, int], _Answer] = {}  # decoupled calls, by (caller, call)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -79,6 +80,12 @@ class BlsRouter:
     # -- BLS ------------------------------------------------------------------------------
     def on_bls(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
         self._spawn(self._serve(caller, msg, payload))
+
+    def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None:
+        """The caller of a decoupled call took responses (or stopped listening)."""
+        answer = self._streams.get((id(caller), msg.call))
+        if answer is not None:
+            answer.credit(msg.responses, msg.nbytes, msg.stop)
 
     async def _serve(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
         """Answer one call. Past its timeout the caller gets an error at once; the callee's
@@ -119,10 +126,12 @@ class BlsRouter:
                 raise errors.UnsupportedError(_NOT_DECOUPLED_CALL.format(name=request.model_name))
             answer.send(await self.service.infer(request, call), None, True)
             return
-        items = self.service.infer_stream(request, call)
-        async with contextlib.aclosing(items):
-            async for item in items:
-                answer.send(item.response, item.error, item.final)
+        key = (id(answer.caller), answer.call)
+        self._streams[key] = answer  # its caller gives credit back as it takes responses
+        try:
+            await _forward(self.service.infer_stream(request, call), answer)
+        finally:
+            del self._streams[key]
 
     def _request(
         self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview
@@ -190,6 +199,17 @@ def _peer_span(ref: m.TensorRef) -> ArenaSpan:
     return span
 
 
+async def _forward(items: AsyncGenerator[StreamItem, None], answer: _Answer) -> None:
+    """A decoupled callee's responses to its caller, no more at a time than the caller has
+    room for: when the caller stops listening (or dies) the callee's request is cancelled."""
+    async with contextlib.aclosing(items):
+        async for item in items:
+            if not item.final and not await answer.room():
+                _return_lent(item.response)
+                return
+            answer.send(item.response, item.error, item.final)
+
+
 async def _finish_late(work: asyncio.Future[None], caller: WorkerBase, staged: list[int]) -> None:
     """A call answered by its timeout: wait for the callee, then free what it held."""
     with contextlib.suppress(Exception):
@@ -206,6 +226,36 @@ class _Answer:
         self.call = call
         self.finished = False
         self.late = False
+        self.stopped = False  # the caller stopped listening
+        # flow control of a decoupled call: responses sent that the caller has not taken
+        self.unacked = 0
+        self.unacked_bytes = 0
+        self._credited: asyncio.Event | None = None
+
+    def credit(self, responses: int, nbytes: int, stop: bool) -> None:
+        self.unacked -= responses
+        self.unacked_bytes -= nbytes
+        self.stopped = self.stopped or stop
+        if self._credited is not None:
+            self._credited.set()
+
+    async def room(self) -> bool:
+        """Wait until the caller may take one more response: False when it stopped
+        listening or died meanwhile (the callee's request is then cancelled)."""
+        while self._full() and not (self.stopped or self.late):
+            self._credited = credited = asyncio.Event()
+            waiter = asyncio.ensure_future(credited.wait())
+            either: set[asyncio.Future[Any]] = {waiter, self.caller.closed}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if self.caller.closed.done():
+                return False
+        return not self.stopped
+
+    def _full(self) -> bool:
+        return self.unacked >= m.WINDOW_RESPONSES or (
+            self.unacked_bytes >= m.WINDOW_BYTES and self.unacked > 0
+        )
 
     def fail(self, error: errors.DlserveError) -> None:
         if not self.finished:
@@ -230,6 +280,9 @@ class _Answer:
         refs, payload = _output_refs(caller, response)
         reply = m.BlsReply(self.call, refs, final=final, parameters=dict(response.parameters))
         caller.send_answer(reply, payload)
+        if not final:
+            self.unacked += 1
+            self.unacked_bytes += sum(ref.nbytes for ref in refs)
 
 
 def _output_refs(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from dlserve.core.repository import ModelSource, Repository, select_versions
 from dlserve.core.scheduler import Scheduler
 from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
+from dlserve.core.streams import OpenStreams
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
@@ -69,6 +71,7 @@ class ModelVersion:
     steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
     labels: dict[str, list[str]] = field(default_factory=dict)  # outputs' label files
     decoupled: bool = field(init=False)  # from the config, read once
+    streams: OpenStreams = field(default_factory=OpenStreams)  # stop() waits for them
 
     def __post_init__(self) -> None:
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
@@ -80,8 +83,14 @@ class ModelVersion:
         return self.steps_ready is not None and self.steps_ready()
 
     async def stop(self, timeout: float) -> None:
+        """Finish what was accepted (within ``timeout``), then stop the workers. A decoupled
+        request still streaming past the deadline (its client reads too slowly, or not at
+        all, so its model waits for credit) ends with an UNAVAILABLE error."""
+        deadline = time.monotonic() + timeout
         if self.scheduler is not None:
             await self.scheduler.drain(timeout)
+        await self.streams.drain(deadline, self.name)
+        if self.scheduler is not None:
             self.scheduler.stop()
         if self.pool is not None:
             await self.pool.stop(timeout)

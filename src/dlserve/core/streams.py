@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -20,7 +20,7 @@ from dlserve.core import classification
 from dlserve.core.regions import RegionLease
 from dlserve.core.stats import failure_reason
 from dlserve.types import InferRequest, InferResponse, OutputTensor
-from dlserve.workers.client import WorkerReply
+from dlserve.workers.client import WorkerBase, WorkerReply
 from dlserve.workers.streams import StreamReply, StreamSink
 
 if TYPE_CHECKING:
@@ -104,21 +104,18 @@ async def _run_decoupled(
         replies: asyncio.Queue[StreamReply] = asyncio.Queue()
         sink = StreamSink(replies.put_nowait, call.lend)
         worker, rid = await loaded.scheduler.run_stream(job, sink)
+        loaded.streams.open(id(sink), _cutter(sink, worker, rid))  # an unload waits for it
         final = False
         try:
             while not final:
                 each = await replies.get()
+                worker.took(rid, sink, each)  # flow control: credit back to the model
                 final = each.final
                 if final and each.timings is not None:
                     service._record(loaded, WorkerReply([], each.timings), 1, received)
-                response = None
-                if each.reply is not None:
-                    response = InferResponse(
-                        request.model_name, str(loaded.version), request.id,
-                        reply_outputs(loaded, each.reply), dict(each.reply.parameters),
-                    )  # fmt: skip
-                yield StreamItem(response, each.error, each.final, str(loaded.version))
+                yield _stream_item(loaded, request, each)
         finally:
+            loaded.streams.close(id(sink))
             if not final:  # the consumer left: the model sees is_cancelled()
                 sink.abandoned = True
                 worker.cancel(rid)
@@ -128,6 +125,63 @@ async def _run_decoupled(
     finally:
         if lease is not None:
             service.regions.release(lease)
+
+
+def _stream_item(loaded: ModelVersion, request: InferRequest, each: StreamReply) -> StreamItem:
+    response = None
+    if each.reply is not None:
+        response = InferResponse(
+            request.model_name, str(loaded.version), request.id,
+            reply_outputs(loaded, each.reply), dict(each.reply.parameters),
+        )  # fmt: skip
+    return StreamItem(response, each.error, each.final, str(loaded.version))
+
+
+class OpenStreams:
+    """A model version's decoupled requests still streaming, and how to end each early:
+    unloading waits for them (:meth:`drain`) as it waits for requests that execute."""
+
+    def __init__(self) -> None:
+        self._cuts: dict[int, Callable[[errors.DlserveError], None]] = {}
+        self._none_left: asyncio.Event | None = None
+
+    def open(self, key: int, cut: Callable[[errors.DlserveError], None]) -> None:
+        self._cuts[key] = cut
+
+    def close(self, key: int) -> None:
+        self._cuts.pop(key, None)
+        if not self._cuts and self._none_left is not None:
+            self._none_left.set()
+
+    async def drain(self, deadline: float, model: str) -> None:
+        """Wait until every stream has ended, until ``deadline`` (monotonic seconds); end
+        the ones still open with UNAVAILABLE (their clients read too slowly, or not at all,
+        so their models wait for credit)."""
+        while self._cuts and (remaining := deadline - time.monotonic()) > 0:
+            self._none_left = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._none_left.wait(), remaining)
+            except TimeoutError:
+                break
+        failure = errors.UnavailableError(f"model '{model}' is being unloaded")
+        for cut in list(self._cuts.values()):
+            cut(failure)
+
+
+def _cutter(
+    sink: StreamSink, worker: WorkerBase, rid: int
+) -> Callable[[errors.DlserveError], None]:
+    """How to end a stream early (its model is unloaded while its client reads too slowly):
+    the consumer gets ``error`` as the final item, the model's responses still coming are
+    dropped and it sees ``is_cancelled()`` (a send it waits in is released)."""
+
+    def cut(error: errors.DlserveError) -> None:
+        if not (sink.finished or sink.abandoned):
+            sink.put(StreamReply(None, error, True))
+        sink.abandoned = True
+        worker.cancel(rid)
+
+    return cut
 
 
 def reply_outputs(loaded: ModelVersion, reply: WorkerReply) -> list[OutputTensor]:

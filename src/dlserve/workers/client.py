@@ -82,6 +82,8 @@ class CallSink(Protocol):
 
     def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None: ...
 
+    def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None: ...
+
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
 _busy_poll_us = 0
@@ -206,6 +208,9 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         elif isinstance(msg, m.ControlCall):
             if self.calls is not None:
                 self.calls.on_control(self, msg)
+        elif isinstance(msg, m.BlsCredit):
+            if self.calls is not None:
+                self.calls.on_bls_credit(self, msg)
         elif isinstance(msg, m.PeerRelease):
             for arena, offset in zip(msg.arenas, msg.offsets, strict=True):
                 self.give_back(arena, offset)

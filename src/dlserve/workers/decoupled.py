@@ -46,7 +46,9 @@ def decoupled_execute(
                 stream.fail(exc)
                 continue
             stream.sender = pb_utils.InferenceResponseSender(request, stream.emit)
+            stream.request = request
             request._sender = stream.sender
+            worker.open_window(item.rid)
             request._poll = worker.poll
             runner._live[item.rid] = request
             streams.append(stream)
@@ -101,9 +103,19 @@ class _Stream:
         self.infer_start = start
         self.infer_end = 0
         self.sender: pb_utils.InferenceResponseSender | None = None
+        self.request: pb_utils.InferenceRequest | None = None
+
+    def _cancelled(self) -> bool:
+        return self.request is not None and self.request._cancelled
 
     def emit(self, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        """Send one response (from any thread of the model). A response that is not final
+        waits while the request's consumer has not taken enough of the earlier ones (flow
+        control); once the request is cancelled it is dropped, as Triton drops responses
+        nobody reads. The final flag always goes, at once."""
         final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if not final and not self.worker.hold_send(self.msg.rid, self._cancelled):
+            return
         frame = m.StreamResponse(rid=self.msg.rid, final=final, has_response=response is not None)
         buffers: list[memoryview] = []
         if response is not None:
@@ -117,6 +129,8 @@ class _Stream:
                     )
                 except BaseException as exc:
                     frame.error, frame.error_code = self.runner.describe_error(exc)
+        if not final:
+            self.worker.sent_bytes(self.msg.rid, m.stream_bytes(frame.outputs))
         self._send(frame, buffers)
 
     def fail(self, exc: BaseException) -> None:
@@ -129,4 +143,5 @@ class _Stream:
             now = time.monotonic_ns()
             self.runner._live.pop(self.msg.rid, None)
             frame.timings = m.Timings(self.start, self.infer_start, self.infer_end or now, now)
+            self.worker.close_window(self.msg.rid)
         self.worker.send(frame, buffers)

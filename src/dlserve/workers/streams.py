@@ -25,6 +25,7 @@ class StreamReply:
     error: errors.DlserveError | None
     final: bool
     timings: m.Timings | None = None  # with the final one
+    nbytes: int = 0  # what flow control counts of it (m.stream_bytes)
 
 
 @dataclass(slots=True)
@@ -41,6 +42,9 @@ class StreamSink:
     freed: bool = False
     finished: bool = False  # the final response has come
     executed: bool = False  # the executed notice has come
+    # flow control: responses (and their bytes) the consumer took, not yet credited back
+    taken: int = 0
+    taken_bytes: int = 0
 
     def free(self) -> None:
         if not self.freed:
@@ -116,7 +120,20 @@ class DecoupledStreams:
             return StreamReply(None, None, frame.final, frame.timings)
         done = m.InferDone(frame.rid, frame.outputs, parameters=frame.parameters)
         return StreamReply(self.read_reply(done, payload, lend=lend), None, frame.final,
-                           frame.timings)  # fmt: skip
+                           frame.timings, m.stream_bytes(frame.outputs))  # fmt: skip
+
+    def took(self, rid: int, sink: StreamSink, reply: StreamReply) -> None:
+        """The consumer of request ``rid`` has taken ``reply``: the model may send one more.
+        Credit goes back in batches (half the window), so a consumer that keeps up costs
+        one small frame per WINDOW_RESPONSES / 2 responses, not one per response."""
+        if reply.final:
+            return
+        sink.taken += 1
+        sink.taken_bytes += reply.nbytes
+        if sink.taken >= m.WINDOW_RESPONSES // 2 or sink.taken_bytes >= m.WINDOW_BYTES // 2:
+            if self._channel is not None and rid in self._pending:
+                self._channel.send(m.Credit(rid, sink.taken, sink.taken_bytes))
+            sink.taken = sink.taken_bytes = 0
 
     def cancel(self, rid: int) -> None:
         """The client of request ``rid`` has gone: the model sees ``is_cancelled()``, and

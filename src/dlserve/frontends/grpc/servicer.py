@@ -26,6 +26,7 @@ from dlserve.errors import (
 )
 from dlserve.frontends.grpc import control, convert, health, shm
 from dlserve.frontends.grpc.errors import error_message
+from dlserve.frontends.grpc.outbox import Outbox
 from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer, TlsOptions
 from dlserve.types import InferRequest, Peer
@@ -91,7 +92,7 @@ class GrpcServicer:
         ``is_cancelled()``.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
-        out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        out = Outbox()  # bounded: a slow reader holds the models' sends back
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
         reader = asyncio.create_task(self._read_stream(requests, window, out, tasks, peer))
@@ -106,7 +107,7 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
-        out: asyncio.Queue[bytes | None], tasks: set[asyncio.Task[None]], peer: Peer,
+        out: Outbox, tasks: set[asyncio.Task[None]], peer: Peer,
     ) -> None:  # fmt: skip
         try:
             async for data in requests:
@@ -123,7 +124,7 @@ class GrpcServicer:
         self,
         data: memoryview,
         peer: Peer,
-        out: asyncio.Queue[bytes | None],
+        out: Outbox,
         window: asyncio.Semaphore,
     ) -> None:
         request: InferRequest | None = None
@@ -136,7 +137,7 @@ class GrpcServicer:
                 async for item in items:
                     message = convert.stream_item(request, item, empty_final)
                     if message is not None:
-                        out.put_nowait(message)
+                        await out.put(message)
         except Exception as exc:
             if not isinstance(exc, DlserveError):
                 log.exception("gRPC ModelStreamInfer request failed")

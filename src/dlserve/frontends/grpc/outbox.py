@@ -1,0 +1,53 @@
+"""The messages of one ModelStreamInfer call on their way to the transport.
+
+The transport (``rpc.py``) stops taking messages while more than 4 MiB wait for a slow
+reader; without a bound here the responses of the call's requests would pile up in
+between. Producers (one task per request of the stream) wait while ``limit`` bytes are
+queued, so they stop taking responses from the core, whose flow control then holds the
+model's ``send()`` (see ``ipc.messages.WINDOW_RESPONSES``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Final
+
+OUTBOX_BYTES: Final = 4 * 1024 * 1024
+
+
+class Outbox:
+    """A queue of serialized messages bounded by their bytes (one message beyond); ``None``
+    ends the call. Small notices (an error, the end) go in without waiting."""
+
+    def __init__(self, limit: int = OUTBOX_BYTES) -> None:
+        self._items: deque[bytes | None] = deque()
+        self._bytes = 0
+        self._limit = limit
+        self._ready = asyncio.Event()  # something is queued
+        self._room = asyncio.Event()  # fewer than limit bytes are queued
+        self._room.set()
+
+    async def put(self, message: bytes) -> None:
+        """Queue ``message`` once fewer than ``limit`` bytes wait."""
+        while self._bytes >= self._limit:
+            self._room.clear()
+            await self._room.wait()
+        self.put_nowait(message)
+
+    def put_nowait(self, message: bytes | None) -> None:
+        self._items.append(message)
+        if message is not None:
+            self._bytes += len(message)
+        self._ready.set()
+
+    async def get(self) -> bytes | None:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        message = self._items.popleft()
+        if message is not None:
+            self._bytes -= len(message)
+            if self._bytes < self._limit:
+                self._room.set()
+        return message
