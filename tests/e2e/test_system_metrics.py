@@ -18,9 +18,9 @@ def scrape(server: RunningServer) -> dict[str, list[tuple[dict[str, str], float]
     with urllib.request.urlopen(server.metrics_url, timeout=60) as response:
         text = response.read().decode()
     found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+    for family in text_string_to_metric_families(text):  # by family: the parser names a
+        for sample in family.samples:  # counter's samples <name>_total
+            found.setdefault(family.name, []).append((sample.labels, float(sample.value)))
     return found
 
 
