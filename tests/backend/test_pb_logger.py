@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import socket
 
@@ -91,3 +92,16 @@ def test_levels_the_log_settings_turn_off(
     assert capsys.readouterr().err == ""
     pb_utils.Logger.log_warn("shown")
     assert capsys.readouterr().err.endswith("] shown\n")
+
+
+def test_the_iso8601_format(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in log_settings_env(0, True, True, True, iso8601=True).items():
+        monkeypatch.setenv(key, value)
+    pb_utils.Logger.log_warn("stamped")
+    line = capsys.readouterr().err
+    assert re.fullmatch(
+        rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ W {os.getpid()} test_pb_logger\.py:\d+\] stamped\n",
+        line,
+    ), line

@@ -41,15 +41,19 @@ def test_log_settings_reach_running_and_new_workers(test_server: RunningServer) 
     told before its next request, and a worker started afterwards starts with them."""
     client = httpclient.InferenceServerClient(test_server.http_url)
     try:
-        assert _worker_log_settings(client, "log_levels") == [b"0", b"info,warning,error"]
+        assert _worker_log_settings(client, "log_levels") == [
+            b"0",
+            b"info,warning,error",
+            b"default",
+        ]
         client.update_log_settings({"log_verbose_level": 2, "log_info": False})
-        assert _worker_log_settings(client, "log_levels") == [b"2", b"warning,error"]
+        assert _worker_log_settings(client, "log_levels") == [b"2", b"warning,error", b"default"]
         client.unload_model("log_levels")
         client.load_model("log_levels")  # a new worker process
-        assert _worker_log_settings(client, "log_levels") == [b"2", b"warning,error"]
+        assert _worker_log_settings(client, "log_levels") == [b"2", b"warning,error", b"default"]
     finally:
         client.update_log_settings({"log_verbose_level": 0, "log_info": True})
-    assert _worker_log_settings(client, "log_levels") == [b"0", b"info,warning,error"]
+    assert _worker_log_settings(client, "log_levels") == [b"0", b"info,warning,error", b"default"]
     client.close()
 
 
@@ -68,5 +72,16 @@ def test_log_levels_at_startup_reach_the_settings_and_the_workers(tmp_path: Path
         assert (settings["log_info"], settings["log_warning"], settings["log_error"]) == (
             False, False, True,
         )  # fmt: skip
-        assert _worker_log_settings(client, "log_levels") == [b"0", b"error"]
+        assert _worker_log_settings(client, "log_levels") == [b"0", b"error", b"default"]
         client.close()
+
+
+def test_the_iso8601_log_format_reaches_the_workers(test_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(test_server.http_url)
+    try:
+        assert client.update_log_settings({"log_format": "ISO8601"})["log_format"] == "ISO8601"
+        assert _worker_log_settings(client, "log_levels")[2] == b"ISO8601"
+    finally:
+        client.update_log_settings({"log_format": "default"})
+    assert _worker_log_settings(client, "log_levels")[2] == b"default"
+    client.close()

@@ -2,7 +2,8 @@
 
 A line reads ``I0612 10:00:00.123456 4242 model.py:31] [model 'name'] message``: the
 level letter, UTC time, the process id, the caller's file and line (as Triton
-prints them) and the model the worker serves. Which levels print follows the server's
+prints them) and the model the worker serves; with the log format ISO8601,
+``2026-06-12T10:00:00Z I 4242 model.py:31] ...``. Which levels print follows the server's
 log settings, as Triton's do: verbose lines only at a verbose level of 1 or more
 (``--log-verbose``), and info, warning and error lines unless the settings turn them
 off. A worker reads them from its environment (``DLSERVE_LOG_VERBOSE``,
@@ -40,6 +41,7 @@ _LETTERS: Final = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E
 
 VERBOSE_ENV: Final = "DLSERVE_LOG_VERBOSE"
 LEVELS_ENV: Final = "DLSERVE_LOG_LEVELS"  # the levels that print: "info,warning,error"
+FORMAT_ENV: Final = "DLSERVE_LOG_FORMAT"  # "default" or "ISO8601"
 _NAMES: Final = {LogLevel.INFO: "info", LogLevel.WARNING: "warning", LogLevel.ERROR: "error"}
 
 
@@ -56,10 +58,13 @@ def enabled(level: LogLevel) -> bool:
     return _NAMES[level] in os.environ.get(LEVELS_ENV, "info,warning,error").split(",")
 
 
-def log_settings_env(verbose: int, info: bool, warning: bool, error: bool) -> dict[str, str]:
-    """The environment that says which levels print."""
+def log_settings_env(
+    verbose: int, info: bool, warning: bool, error: bool, iso8601: bool = False
+) -> dict[str, str]:
+    """The environment that says which levels print, and in which format."""
     levels = [name for name, on in (("info", info), ("warning", warning), ("error", error)) if on]
-    return {VERBOSE_ENV: str(verbose), LEVELS_ENV: ",".join(levels)}
+    return {VERBOSE_ENV: str(verbose), LEVELS_ENV: ",".join(levels),
+            FORMAT_ENV: "ISO8601" if iso8601 else "default"}  # fmt: skip
 
 
 def _caller() -> tuple[str, int]:
@@ -74,9 +79,11 @@ def _caller() -> tuple[str, int]:
 
 def format_line(message: str, level: LogLevel, filename: str, lineno: int, model: str) -> str:
     now = datetime.datetime.now(datetime.UTC)
-    stamp = now.strftime("%m%d %H:%M:%S.%f")
     where = f" [model '{model}']" if model else ""
-    return f"{_LETTERS[level]}{stamp} {os.getpid()} {filename}:{lineno}]{where} {message}\n"
+    place = f"{os.getpid()} {filename}:{lineno}]{where} {message}\n"
+    if os.environ.get(FORMAT_ENV) == "ISO8601":  # 2026-12-01T10:00:00Z I 4242 model.py:31]
+        return f"{now.strftime('%Y-%m-%dT%H:%M:%SZ')} {_LETTERS[level]} {place}"
+    return f"{_LETTERS[level]}{now.strftime('%m%d %H:%M:%S.%f')} {place}"
 
 
 class Logger:

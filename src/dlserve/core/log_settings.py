@@ -4,6 +4,7 @@ a change reaches the server's own log level and every worker (``pb_utils.Logger`
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from dlserve import errors
@@ -29,6 +30,7 @@ class LogSettings:
         worker_client.apply_log_settings(m.LogSettings(
             int(values["log_verbose_level"]), bool(values["log_info"]),
             bool(values["log_warning"]), bool(values["log_error"]),
+            values["log_format"] == "ISO8601",
         ))  # fmt: skip
         return dict(values)
 
@@ -39,3 +41,8 @@ class LogSettings:
         if self.values["log_verbose_level"]:
             level = logging.DEBUG
         logging.getLogger("dlserve").setLevel(level)
+        iso = self.values["log_format"] == "ISO8601"
+        for handler in logging.getLogger().handlers:  # the server's own lines
+            if handler.formatter is not None:
+                handler.formatter.datefmt = "%Y-%m-%dT%H:%M:%SZ" if iso else None
+                handler.formatter.converter = time.gmtime if iso else time.localtime

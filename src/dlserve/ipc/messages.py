@@ -146,6 +146,7 @@ class LogSettings(_Msg, tag=11):
     info: bool = True
     warning: bool = True
     error: bool = True
+    iso8601: bool = False  # log_format "ISO8601": the lines' timestamps
 
 
 class DropArenas(_Msg, tag=10):

@@ -113,7 +113,9 @@ def apply_log_settings(settings: m.LogSettings) -> None:
     """New log settings for model code: workers started from now on inherit them (this
     process's environment; in-process workers read it too), running ones are told."""
     os.environ.update(
-        log_settings_env(settings.verbose, settings.info, settings.warning, settings.error)
+        log_settings_env(
+            settings.verbose, settings.info, settings.warning, settings.error, settings.iso8601
+        )
     )
     told: set[int] = set()
     for worker in list(ARENA_OWNERS.values()):

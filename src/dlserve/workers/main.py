@@ -121,7 +121,9 @@ class _Serving:
             if self.runner is not None:
                 self.runner.unmap_regions(msg.regions)
         elif isinstance(msg, m.LogSettings):
-            os.environ.update(log_settings_env(msg.verbose, msg.info, msg.warning, msg.error))
+            os.environ.update(
+                log_settings_env(msg.verbose, msg.info, msg.warning, msg.error, msg.iso8601)
+            )
         elif isinstance(msg, m.DropArenas):
             if self.runner is not None:
                 self.runner.peers.drop(msg.arenas)

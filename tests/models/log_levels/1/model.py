@@ -10,7 +10,8 @@ class TritonPythonModel:
     def execute(self, requests):
         settings = np.array(
             [os.environ.get("DLSERVE_LOG_VERBOSE", "0").encode(),
-             os.environ.get("DLSERVE_LOG_LEVELS", "info,warning,error").encode()],
+             os.environ.get("DLSERVE_LOG_LEVELS", "info,warning,error").encode(),
+             os.environ.get("DLSERVE_LOG_FORMAT", "default").encode()],
             dtype=np.object_,
         )  # fmt: skip
         return [
