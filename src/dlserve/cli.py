@@ -22,6 +22,17 @@ def _microseconds(text: str) -> int:
     return value
 
 
+def _log_to(path: str, parser: argparse.ArgumentParser) -> None:
+    """Make the file this process's stderr: the server's log lines go there, and so do the
+    workers', which inherit it (``pb_utils.Logger`` writes to the worker's stderr)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        parser.error(f"--log-file: cannot open {path}: {exc.strerror}")
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0:  # NaN too
@@ -117,6 +128,10 @@ def _parser() -> argparse.ArgumentParser:
         help="run model instances as threads of the server (for debugging)",
     )
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument(
+        "--log-file", metavar="PATH",
+        help="append the server's and the models' log lines (their stderr) to this file",
+    )  # fmt: skip
     for level in ("info", "warning", "error"):
         serve.add_argument(
             f"--log-{level}", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
@@ -191,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.log_verbose else logging.INFO
     if args.log_verbose:  # workers inherit it: pb_utils.Logger.log_verbose prints
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
+    if args.log_file:
+        _log_to(args.log_file, parser)
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname).1s %(name)s: %(message)s"
     )
@@ -218,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         busy_poll_us=args.busy_poll_us,
         log_verbose=args.log_verbose,
         log_levels=(args.log_info, args.log_warning, args.log_error),
+        log_file=os.path.abspath(args.log_file) if args.log_file else "",
         **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,

@@ -56,6 +56,7 @@ class ServerOptions:
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
     log_verbose: int = 0  # --log-verbose
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # --log-info/warning/error
+    log_file: str = ""  # --log-file
     grpc_tls: TlsOptions | None = None  # --grpc-use-ssl and its files
 
 
@@ -77,6 +78,7 @@ class Server:
             allow_client_shm=options.allow_client_shm,
             log_verbose=options.log_verbose,
             log_levels=options.log_levels,
+            log_file=options.log_file,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)

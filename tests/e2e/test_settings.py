@@ -85,3 +85,17 @@ def test_the_iso8601_log_format_reaches_the_workers(test_server: RunningServer) 
         client.update_log_settings({"log_format": "default"})
     assert _worker_log_settings(client, "log_levels")[2] == b"default"
     client.close()
+
+
+def test_log_file_receives_the_servers_and_the_models_lines(tmp_path: Path) -> None:
+    """--log-file: the server's log lines and the models' pb_utils.Logger lines (the
+    workers inherit the server's stderr) are appended to the file; the settings name it."""
+    shutil.copytree(EXAMPLES / "double", tmp_path / "repo" / "double")
+    log = tmp_path / "server.log"
+    with run_server(tmp_path / "repo", "--log-file", str(log)) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.get_log_settings()["log_file"] == str(log)
+        client.close()
+    text = log.read_text()
+    assert "model 'double' versions [1] are READY" in text  # the server's own line
+    assert "] [model 'double'] double computes on" in text  # the model's Logger line

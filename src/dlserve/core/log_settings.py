@@ -13,9 +13,9 @@ from dlserve.workers import client as worker_client
 
 
 class LogSettings:
-    def __init__(self, verbose: int) -> None:
+    def __init__(self, verbose: int, log_file: str = "") -> None:
         self.values: dict[str, Any] = {
-            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_file": log_file, "log_info": True, "log_warning": True, "log_error": True,
             "log_verbose_level": verbose, "log_format": "default",
         }  # fmt: skip
 

@@ -67,6 +67,7 @@ class ServiceOptions:
     owners: OwnerOptions = field(default_factory=OwnerOptions)  # reclaiming regions
     log_verbose: int = 0  # --log-verbose: the log settings' first verbose level
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # info, warning, error
+    log_file: str = ""  # --log-file (the process's stderr already goes there)
 
 
 class InferenceService:
@@ -80,7 +81,7 @@ class InferenceService:
         )
         self.bls = BlsRouter(self)
         self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
-        self._log = LogSettings(options.log_verbose)
+        self._log = LogSettings(options.log_verbose, options.log_file)
         if options.log_levels != (True, True, True):  # the server and every worker from now on
             info, warning, error = options.log_levels
             self._log.update({"log_info": info, "log_warning": warning, "log_error": error})
