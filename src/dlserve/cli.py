@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dlserve import __version__
 
@@ -71,130 +71,129 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a Triton model repository")
     serve.add_argument("--model-repository", required=True, type=Path)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument(
-        "--model-control-mode", choices=("none", "explicit", "poll"), default="none",
-        help="none: load every model at startup; explicit: load and unload through the "
-        "repository API; poll: follow the repository's changes",
-    )  # fmt: skip
+    _endpoint_options(serve.add_argument_group("endpoints"))
+    _model_options(serve.add_argument_group("models"))
+    _log_options(serve.add_argument_group("logging"))
+    _tuning_options(serve.add_argument_group("shared memory, latency, GPUs"))
+    _tls_options(serve.add_argument_group("gRPC over TLS (Triton's options)"))
+    return parser
+
+
+def _endpoint_options(group: Any) -> None:
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--grpc-port", type=int, default=8001)
+    group.add_argument("--http-port", type=int, default=8000)
+    group.add_argument("--metrics-port", type=int, default=8002)
     for endpoint in ("grpc", "http", "metrics"):
-        serve.add_argument(
+        group.add_argument(
             f"--allow-{endpoint}", type=_flag, nargs="?", const=True, default=True,
             metavar="BOOL", help=f"serve the {endpoint} endpoint (default true)",
         )  # fmt: skip
-    serve.add_argument(
-        "--disable-auto-complete-config", action="store_true",
-        help="do not call the models' auto_complete_config: configs must be complete",
+    group.add_argument(
+        "--grpc-uds", default=None, metavar="PATH",
+        help="gRPC also listens on this Unix socket (clients use the URL 'unix:PATH')",
     )  # fmt: skip
-    serve.add_argument(
-        "--strict-model-config", type=_flag, nargs="?", const=True, default=False,
-        metavar="BOOL", help="true: the same as --disable-auto-complete-config (Triton's "
-        "older spelling; default false)",
+    group.add_argument(
+        "--http-max-input-size", type=int, default=64 * 1024 * 1024,
+        help="largest HTTP request body accepted, in bytes (Triton's default)",
     )  # fmt: skip
-    serve.add_argument(
+    group.add_argument(
+        "--strict-readiness", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
+        help="ready only while every model is READY (a model that failed to load makes the "
+        "server not ready); false: ready once started (default true, as Triton)",
+    )  # fmt: skip
+    group.add_argument(
         "--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECONDS",
         help="at shutdown (and when a model is unloaded), how long in-flight requests, "
         "streams included, may take to finish before they are ended and their workers "
         "stopped anyway (default 30, as Triton)",
     )  # fmt: skip
-    serve.add_argument(
-        "--strict-readiness", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
-        help="ready only while every model is READY (a model that failed to load makes the "
-        "server not ready); false: ready once started (default true, as Triton)",
+    group.add_argument(
+        "--ready-fd", type=int, default=None,
+        help="write the bound ports as a JSON line to this fd once ready",
     )  # fmt: skip
-    serve.add_argument(
+
+
+def _model_options(group: Any) -> None:
+    group.add_argument(
+        "--model-control-mode", choices=("none", "explicit", "poll"), default="none",
+        help="none: load every model at startup; explicit: load and unload through the "
+        "repository API; poll: follow the repository's changes",
+    )  # fmt: skip
+    group.add_argument(
+        "--load-model", action="append", default=[], metavar="NAME",
+        help="explicit mode: load this model at startup ('*' for all)",
+    )  # fmt: skip
+    group.add_argument(
         "--repository-poll-secs", type=_seconds, default=15.0, metavar="SECONDS",
         help="poll mode: how often the repository is looked at (default 15)",
     )  # fmt: skip
-    serve.add_argument(
-        "--load-model",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="explicit mode: load this model at startup ('*' for all)",
-    )
-    serve.add_argument(
-        "--http-max-input-size",
-        type=int,
-        default=64 * 1024 * 1024,
-        help="largest HTTP request body accepted, in bytes (Triton's default)",
-    )
-    serve.add_argument(
-        "--debug",
-        action="store_true",
-        help="run model instances as threads of the server (for debugging)",
-    )
-    serve.add_argument("--log-verbose", type=int, default=0)
-    serve.add_argument(
-        "--log-file", metavar="PATH",
-        help="append the server's and the models' log lines (their stderr) to this file",
+    group.add_argument(
+        "--disable-auto-complete-config", action="store_true",
+        help="do not call the models' auto_complete_config: configs must be complete",
     )  # fmt: skip
+    group.add_argument(
+        "--strict-model-config", type=_flag, nargs="?", const=True, default=False,
+        metavar="BOOL", help="true: the same as --disable-auto-complete-config (Triton's "
+        "older spelling; default false)",
+    )  # fmt: skip
+    group.add_argument(
+        "--debug", action="store_true",
+        help="run model instances as threads of the server (for debugging)",
+    )  # fmt: skip
+
+
+def _log_options(group: Any) -> None:
+    group.add_argument("--log-verbose", type=int, default=0)
     for level in ("info", "warning", "error"):
-        serve.add_argument(
+        group.add_argument(
             f"--log-{level}", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
             help=f"log {level} messages, the server's and the models' (default true)",
         )  # fmt: skip
-    serve.add_argument(
-        "--allow-client-shm",
-        choices=("local", "false", "any"),
-        default="local",
+    group.add_argument(
+        "--log-file", metavar="PATH",
+        help="append the server's and the models' log lines (their stderr) to this file",
+    )  # fmt: skip
+
+
+def _tuning_options(group: Any) -> None:
+    group.add_argument(
+        "--allow-client-shm", choices=("local", "false", "any"), default="local",
         help="who may register client shared memory: local peers only (loopback or a Unix "
         "socket), nobody, or anyone",
-    )
-    serve.add_argument(
-        "--busy-poll-us",
-        type=_microseconds,
-        default=0,
-        metavar="US",
+    )  # fmt: skip
+    group.add_argument(
+        "--shm-idle-timeout", type=float, default=None, metavar="SECONDS",
+        help="unregister client shared memory regions no request has used for this long",
+    )  # fmt: skip
+    group.add_argument(
+        "--busy-poll-us", type=_microseconds, default=0, metavar="US",
         help="trade CPU for latency: a worker polls this long for its next request before "
         "sleeping, and the server polls while requests are in flight (0: off)",
-    )
-    serve.add_argument(
-        "--reply-poll-us",
-        type=_microseconds,
-        metavar="US",
+    )  # fmt: skip
+    group.add_argument(
+        "--reply-poll-us", type=_microseconds, metavar="US",
         help="after it sends a request to a worker, the server polls this long for the reply "
         "before it sleeps, yielding the CPU to anyone runnable (default 2000; 0: off)",
-    )
-    tls = serve.add_argument_group("gRPC over TLS (Triton's options)")
-    tls.add_argument("--grpc-use-ssl", type=_flag, nargs="?", const=True, default=False,
-                     metavar="BOOL", help="serve gRPC over TLS")  # fmt: skip
-    tls.add_argument("--grpc-use-ssl-mutual", type=_flag, nargs="?", const=True,
-                     default=False, metavar="BOOL",
-                     help="and require clients' certificates (implies --grpc-use-ssl)")  # fmt: skip
-    tls.add_argument("--grpc-server-cert", metavar="FILE", help="the server's certificate (PEM)")
-    tls.add_argument("--grpc-server-key", metavar="FILE", help="its private key (PEM)")
-    tls.add_argument("--grpc-root-cert", metavar="FILE",
-                     help="mutual TLS: the certificate clients' must chain to (PEM)")  # fmt: skip
-    serve.add_argument(
-        "--grpc-uds",
-        default=None,
-        metavar="PATH",
-        help="gRPC also listens on this Unix socket (clients use the URL 'unix:PATH')",
-    )
-    serve.add_argument(
-        "--shm-idle-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="unregister client shared memory regions no request has used for this long",
-    )
-    serve.add_argument(
-        "--mps",
-        action="store_true",
+    )  # fmt: skip
+    group.add_argument(
+        "--mps", action="store_true",
         help="start a private NVIDIA MPS daemon for the workers, so their GPU work shares "
         "one context instead of the GPU switching between processes (docs/pitfalls.md)",
-    )
-    serve.add_argument(
-        "--ready-fd",
-        type=int,
-        default=None,
-        help="write the bound ports as a JSON line to this fd once ready",
-    )
-    return parser
+    )  # fmt: skip
+
+
+def _tls_options(group: Any) -> None:
+    group.add_argument("--grpc-use-ssl", type=_flag, nargs="?", const=True, default=False,
+                       metavar="BOOL", help="serve gRPC over TLS")  # fmt: skip
+    group.add_argument(
+        "--grpc-use-ssl-mutual", type=_flag, nargs="?", const=True, default=False,
+        metavar="BOOL", help="and require clients' certificates (implies --grpc-use-ssl)",
+    )  # fmt: skip
+    group.add_argument("--grpc-server-cert", metavar="FILE", help="the server's certificate (PEM)")
+    group.add_argument("--grpc-server-key", metavar="FILE", help="its private key (PEM)")
+    group.add_argument("--grpc-root-cert", metavar="FILE",
+                       help="mutual TLS: the certificate clients' must chain to (PEM)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
