@@ -236,15 +236,14 @@ _CODE_NAMES = {
 class ResponseIterator:
     """The responses of a BLS call to a decoupled model, the empty final one included.
 
-    Flow control: the server forwards no more than WINDOW_RESPONSES responses that this
-    iterator has not taken; taking them gives credit back, half a window at a time."""
+    The server forwards them as they come (not held back by what this iterator has taken:
+    core/bls.py says why); cancelling it, or its being collected unfinished, ends the
+    callee's request."""
 
     def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
         self._worker = worker
         self._call = call
         self._done = False
-        self._taken = 0  # responses taken, not yet credited back
-        self._taken_bytes = 0
         self._inputs = inputs  # the callee may read the caller's memory until the end
 
     def __iter__(self) -> ResponseIterator:
@@ -258,12 +257,6 @@ class ResponseIterator:
             self._done = True
             self._inputs = []
             self._worker.close_call(self._call)
-        else:
-            self._taken += 1
-            self._taken_bytes += sum(ref.nbytes for ref in reply.outputs)
-            if self._taken >= m.WINDOW_RESPONSES // 2 or self._taken_bytes >= m.WINDOW_BYTES // 2:
-                self._credit(m.BlsCredit(self._call, self._taken, self._taken_bytes))
-                self._taken = self._taken_bytes = 0
         return _response(self._worker, reply, payload)
 
     def _credit(self, msg: m.BlsCredit) -> None:

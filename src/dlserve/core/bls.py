@@ -82,10 +82,10 @@ class BlsRouter:
         self._spawn(self._serve(caller, msg, payload))
 
     def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None:
-        """The caller of a decoupled call took responses (or stopped listening)."""
+        """The caller of a decoupled call stopped listening: the callee's request ends."""
         answer = self._streams.get((id(caller), msg.call))
-        if answer is not None:
-            answer.credit(msg.responses, msg.nbytes, msg.stop)
+        if answer is not None and msg.stop:
+            answer.stopped = True
 
     async def _serve(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
         """Answer one call. Past its timeout the caller gets an error at once; the callee's
@@ -200,11 +200,16 @@ def _peer_span(ref: m.TensorRef) -> ArenaSpan:
 
 
 async def _forward(items: AsyncGenerator[StreamItem, None], answer: _Answer) -> None:
-    """A decoupled callee's responses to its caller, no more at a time than the caller has
-    room for: when the caller stops listening (or dies) the callee's request is cancelled."""
+    """A decoupled callee's responses to its caller as they come: when the caller stops
+    listening (or dies) the callee's request is cancelled.
+
+    Not held back by how many the caller has taken, unlike a network client's: a caller
+    that reads its calls in another order than it made them (two calls to one instance,
+    zipped) would otherwise wait for a callee waiting for it. The caller is model code in
+    this server; what it leaves unread stays with it, as in Triton."""
     async with contextlib.aclosing(items):
         async for item in items:
-            if not item.final and not await answer.room():
+            if answer.stopped or answer.caller.closed.done():
                 _return_lent(item.response)
                 return
             answer.send(item.response, item.error, item.final)
@@ -227,35 +232,6 @@ class _Answer:
         self.finished = False
         self.late = False
         self.stopped = False  # the caller stopped listening
-        # flow control of a decoupled call: responses sent that the caller has not taken
-        self.unacked = 0
-        self.unacked_bytes = 0
-        self._credited: asyncio.Event | None = None
-
-    def credit(self, responses: int, nbytes: int, stop: bool) -> None:
-        self.unacked -= responses
-        self.unacked_bytes -= nbytes
-        self.stopped = self.stopped or stop
-        if self._credited is not None:
-            self._credited.set()
-
-    async def room(self) -> bool:
-        """Wait until the caller may take one more response: False when it stopped
-        listening or died meanwhile (the callee's request is then cancelled)."""
-        while self._full() and not (self.stopped or self.late):
-            self._credited = credited = asyncio.Event()
-            waiter = asyncio.ensure_future(credited.wait())
-            either: set[asyncio.Future[Any]] = {waiter, self.caller.closed}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if self.caller.closed.done():
-                return False
-        return not self.stopped
-
-    def _full(self) -> bool:
-        return self.unacked >= m.WINDOW_RESPONSES or (
-            self.unacked_bytes >= m.WINDOW_BYTES and self.unacked > 0
-        )
 
     def fail(self, error: errors.DlserveError) -> None:
         if not self.finished:
@@ -280,9 +256,6 @@ class _Answer:
         refs, payload = _output_refs(caller, response)
         reply = m.BlsReply(self.call, refs, final=final, parameters=dict(response.parameters))
         caller.send_answer(reply, payload)
-        if not final:
-            self.unacked += 1
-            self.unacked_bytes += sum(ref.nbytes for ref in refs)
 
 
 def _output_refs(

@@ -264,15 +264,12 @@ def stream_bytes(outputs: list[TensorRef]) -> int:
 
 
 class BlsCredit(_Msg, tag=108):
-    """Flow control of a decoupled BLS call: the caller has taken ``responses`` more of its
-    responses (``nbytes``: the sum of their outputs' ``nbytes``), so the server may forward
-    that many more (at most WINDOW_RESPONSES or WINDOW_BYTES wait for the caller).
-    ``stop``: the caller stopped listening (``cancel()``, or its iterator was collected):
-    the rest is dropped and the callee sees ``is_cancelled()``."""
+    """A decoupled BLS call's caller about its responses. ``stop``: it stopped listening
+    (``cancel()``, or its iterator was collected): the rest is dropped and the callee sees
+    ``is_cancelled()``. (Responses are not held back by what the caller has taken:
+    core/bls.py says why.)"""
 
     call: int
-    responses: int = 0
-    nbytes: int = 0
     stop: bool = False
 
 

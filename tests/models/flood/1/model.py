@@ -2,7 +2,8 @@
 
 The request's parameter "tag" (else its id) labels its gauges (flood_sent,
 flood_cancelled, flood_done), so that a test can watch how far the model got while its
-client reads slowly or not at all.
+client reads slowly or not at all. With the parameter "inline" the responses are sent
+from ``execute`` itself: the instance stays busy until the last one is sent.
 """
 
 import json
@@ -28,6 +29,9 @@ class TritonPythonModel:
         for request in requests:
             count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
             size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])
+            if json.loads(request.parameters() or "{}").get("inline"):
+                self._flood(request, count, size)
+                continue
             thread = threading.Thread(target=self._flood, args=(request, count, size))
             thread.start()
             self.threads.append(thread)
