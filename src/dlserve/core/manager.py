@@ -36,14 +36,14 @@ from dlserve.core.streams import OpenStreams
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
-from dlserve.workers import client as worker_client
+from dlserve.workers import polling
 from dlserve.workers.client import CallSink, WorkerBase
 from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
 
 log = logging.getLogger("dlserve.models")
 
 
-REPLY_POLL_US = worker_client.REPLY_POLL_US
+REPLY_POLL_US = polling.REPLY_POLL_US
 
 
 @dataclass(slots=True)
@@ -143,7 +143,7 @@ class ModelManager:
     ) -> None:
         self.repository = repository
         self.options = options
-        worker_client.set_busy_poll(options.busy_poll_us, options.reply_poll_us)
+        polling.set_busy_poll(options.busy_poll_us, options.reply_poll_us)
         self.custom = custom
         self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -25,6 +23,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
+from dlserve.workers import polling
 from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
 from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
 from dlserve.workers.streams import DecoupledStreams, StreamSink
@@ -86,27 +85,6 @@ class CallSink(Protocol):
 
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
-_busy_poll_us = 0
-REPLY_POLL_US = 2000
-_reply_poll_s = REPLY_POLL_US / 1e6
-
-
-def set_busy_poll(microseconds: int, reply_poll_us: int = REPLY_POLL_US) -> None:
-    """Trade CPU for latency. ``microseconds`` (``--busy-poll-us``): workers started from
-    now on poll for their next frame this long before sleeping, and while requests are in
-    flight the server's loop polls for replies instead of sleeping. ``reply_poll_us``
-    (``--reply-poll-us``): without that, the server's loop still polls for a reply this
-    long after it sends a request, then sleeps. Waking a sleeping process costs tens to
-    hundreds of microseconds (measured on a 2-vCPU VM and an H200 host)."""
-    global _busy_poll_us, _reply_poll_s
-    if microseconds < 0 or reply_poll_us < 0:
-        raise ValueError("polling time must be >= 0 microseconds")
-    _busy_poll_us = microseconds
-    _reply_poll_s = reply_poll_us / 1e6
-
-
-def busy_poll_us() -> int:
-    return _busy_poll_us
 
 
 def apply_log_settings(settings: m.LogSettings) -> None:
@@ -124,40 +102,6 @@ def apply_log_settings(settings: m.LogSettings) -> None:
             worker.tell(settings)
 
 
-class _Spinner:
-    """While workers have requests in flight, keep the event loop polling (a callback
-    that reschedules itself makes the loop poll its selector without sleeping), so a
-    reply is read as soon as it arrives instead of after the loop thread wakes up: for
-    ``_reply_poll_s`` after the last request went out, or as long as any is in flight
-    with ``--busy-poll-us``. A request that takes longer finds the loop asleep. Each turn
-    yields the CPU (``sched_yield``): on a machine with few cores the worker and the
-    clients run first, and the loop spins only on a core nobody else wants."""
-
-    def __init__(self) -> None:
-        self._waiting: list[dict[int, _Pending]] = []
-        self._running = False
-        self._until = 0.0  # time.monotonic() after which the loop may sleep again
-
-    def hold(self, pending: dict[int, _Pending]) -> None:
-        # time.monotonic, not loop.time(): uvloop's clock moves in milliseconds
-        self._until = math.inf if _busy_poll_us else time.monotonic() + _reply_poll_s
-        if pending not in self._waiting:
-            self._waiting.append(pending)
-        if not self._running:
-            self._running = True
-            asyncio.get_running_loop().call_soon(self._spin)
-
-    def _spin(self) -> None:
-        self._waiting = [p for p in self._waiting if p]
-        if self._waiting and time.monotonic() < self._until:
-            os.sched_yield()  # anyone runnable (a worker, a client) goes first
-            asyncio.get_running_loop().call_soon(self._spin)
-        else:
-            self._waiting.clear()
-            self._running = False
-
-
-_spinner = _Spinner()
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
@@ -342,8 +286,8 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
             self._pending[rid] = _Pending(callback, offsets)
             rids.append(rid)
-        if _busy_poll_us or _reply_poll_s:
-            _spinner.hold(self._pending)
+        if polling.active():
+            polling.spinner.hold(self._pending)
         release = self._release
         if release:
             self._release = []

@@ -17,7 +17,7 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import ShmSegment
-from dlserve.workers import client
+from dlserve.workers import polling
 from dlserve.workers.client import WorkerBase
 
 
@@ -34,7 +34,7 @@ class SubprocessWorker(WorkerBase):
         assert in_fd is not None and out_fd is not None
         command = [sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
                    "--input-arena-fd", str(in_fd), "--output-arena-fd", str(out_fd),
-                   "--busy-poll-us", str(client.busy_poll_us())]  # fmt: skip
+                   "--busy-poll-us", str(polling.busy_poll_us())]  # fmt: skip
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,
