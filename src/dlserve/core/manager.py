@@ -123,6 +123,8 @@ def instance_specs(config: Any) -> list[InstanceSpec]:
     for group in config.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             placements = [("GPU", gpu) for gpu in group.gpus]
+        elif group.kind == mc.ModelInstanceGroup.KIND_MODEL:  # the model places itself
+            placements = [("MODEL", 0)]
         else:
             placements = [("CPU", 0)]
         index = 0
