@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,19 @@ def test_a_request_whose_client_leaves_is_not_run_again(
     result = client.infer("iterative_steps", steps_input(1), request_id="after")
     assert result.as_numpy("COUNT").tolist() == [[1]]  # the instance is free for others
     assert executions(client, "iterative_steps")[0] == count + 1  # and nothing else ran
+
+
+def test_a_request_whose_instance_dies_fails_and_the_restarted_instance_serves(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException, match="exited unexpectedly"):
+        client.infer("iterative_steps", steps_input(5), request_id="crash",
+                     parameters={"exit_at": 2})  # fmt: skip
+    deadline = time.monotonic() + 60  # the pool restarts it: readiness says when
+    while not client.is_model_ready("iterative_steps"):
+        assert time.monotonic() < deadline, "the instance was not restarted"
+    result = client.infer("iterative_steps", steps_input(2), request_id="later")
+    assert result.as_numpy("COUNT").tolist() == [[2]]
 
 
 def test_rescheduling_needs_an_iterative_model(client: grpcclient.InferenceServerClient) -> None:

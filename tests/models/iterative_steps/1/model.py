@@ -2,9 +2,11 @@
 it (STEPS < 0: never); until then the model reschedules it and puts None in its place.
 An execute counts for a request only when the batch holds at least the request's
 ``together`` parameter (default 1) requests, so a test can wait for two requests to share
-executes without timing. COUNT: the executes counted; WIDEST: the largest batch it was in."""
+executes without timing. COUNT: the executes counted; WIDEST: the largest batch it was in.
+A request with an ``exit_at`` parameter ends the process at that execute (a crash)."""
 
 import json
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -20,10 +22,13 @@ class TritonPythonModel:
         for request in requests:
             key = request.request_id()
             steps = int(pb_utils.get_input_tensor_by_name(request, "STEPS").as_numpy().item())
-            together = json.loads(request.parameters()).get("together", 1)
+            parameters = json.loads(request.parameters())
+            together = parameters.get("together", 1)
             self.widest[key] = max(self.widest.get(key, 0), len(requests))
             if len(requests) >= together:
                 self.counts[key] = self.counts.get(key, 0) + 1
+            if "exit_at" in parameters and self.counts.get(key) == parameters["exit_at"]:
+                os._exit(1)
             if steps < 0 or self.counts.get(key, 0) < steps:
                 request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
                 responses.append(None)
