@@ -81,6 +81,34 @@ def test_new_requests_join_the_executes_of_requests_in_flight(server: RunningSer
     assert got == [("first", 2, 2), ("second", 4, 2)]
 
 
+def test_a_rescheduled_requests_inputs_stay_where_they_are_until_it_is_done(
+    server: RunningServer,
+) -> None:
+    """``first`` (400 KB of DATA: in the input arena) waits, rescheduled, until ``second``
+    shares its executes; the model kept the view of ``first``'s DATA from its first
+    execute. Had that arena space gone back when ``first`` was rescheduled, ``second``'s
+    DATA would have taken it."""
+    results: queue.Queue[Any] = queue.Queue()
+
+    def send(key: str, together: int, value: float) -> None:
+        data = grpcclient.InferInput("DATA", [1, 100_000], "FP32")
+        data.set_data_from_numpy(np.full((1, 100_000), value, np.float32))
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            r = c.infer("iterative_steps", [*steps_input(2), data], request_id=key,
+                        parameters={"together": together})  # fmt: skip
+            results.put((key, r.as_numpy("COUNT").item(), r.as_numpy("SAME").item()))
+
+    first = threading.Thread(target=send, args=("first", 2, 1.0))
+    first.start()
+    second = threading.Thread(target=send, args=("second", 1, 2.0))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert sorted(results.get_nowait() for _ in range(2)) == [
+        ("first", 2, True), ("second", 2, True)
+    ]  # fmt: skip
+
+
 def test_a_decoupled_model_streams_one_response_per_execute(
     client: grpcclient.InferenceServerClient,
 ) -> None:
