@@ -44,7 +44,7 @@ from dlserve.types import (
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers.client import WorkerReply
+from dlserve.workers.replies import WorkerReply
 
 log = logging.getLogger("dlserve")
 
