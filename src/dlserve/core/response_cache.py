@@ -11,8 +11,9 @@ are dropped when it stops (unload, or replaced by a reload).
 The key is a BLAKE2b-256 digest of what decides the response (``request_key``): the
 owner, the model's name and version, each input's name, datatype, shape and bytes, the
 outputs asked for (names, in order; "all" when none is named) and the request parameters
-the model sees. Triton hashes less (model, version, input names and bytes, 64 bits); the
-rest is there so that no request gets another's answer. Classification is applied to a
+the model sees (all but ``priority`` and ``timeout``; the sequence id and flags too).
+Triton hashes less (model, version, input names and bytes, 64 bits); the rest is there so
+that no request gets another's answer. Classification is applied to a
 cached response as to a computed one, so ``class_count`` needs no key of its own.
 
 Requests whose tensors the server does not hold are neither looked up nor stored: inputs
@@ -40,12 +41,15 @@ from typing import Final
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from dlserve.core.scheduler import CORE_PARAMETERS
+from dlserve.core.scheduler import PRIORITY, TIMEOUT
 from dlserve.core.stats import ModelStats
 from dlserve.types import InferRequest, OutputTensor, Parameters
 
 ENTRY_OVERHEAD: Final = 128  # the key (32 bytes) and the entry's bookkeeping, counted
 HASH_ON_THREAD: Final = 1 << 20  # inputs of more bytes than this are hashed off the loop
+# Parameters that only schedule a request: not in the key. The sequence ones are (a model
+# without the sequence batcher still sees them as request.correlation_id() and flags()).
+SCHEDULING: Final = frozenset((PRIORITY, TIMEOUT))
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
 
@@ -196,7 +200,7 @@ def request_key(owner: int, version: str, request: InferRequest) -> bytes:
     update(_U32.pack(len(request.outputs)))  # 0: every output
     for output in request.outputs:
         _text(update, output.name)
-    params = sorted((k, v) for k, v in request.parameters.items() if k not in CORE_PARAMETERS)
+    params = sorted((k, v) for k, v in request.parameters.items() if k not in SCHEDULING)
     update(_U32.pack(len(params)))
     for name, value in params:
         _text(update, name)

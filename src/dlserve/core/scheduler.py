@@ -39,7 +39,7 @@ log = logging.getLogger("dlserve.scheduler")
 # sequence ones reach it as request.correlation_id() and request.flags()).
 PRIORITY = "priority"
 TIMEOUT = "timeout"
-CORE_PARAMETERS = frozenset((PRIORITY, TIMEOUT, SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END))
+_CONSUMED = frozenset((PRIORITY, TIMEOUT, SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END))
 
 
 @dataclass(slots=True)
@@ -90,7 +90,7 @@ class Scheduler:
         params = parameters
         priority = timeout_us = flags = 0
         correlation_id: int | str = 0
-        if parameters and not CORE_PARAMETERS.isdisjoint(parameters):  # the core's, not the model's
+        if parameters and not _CONSUMED.isdisjoint(parameters):  # the core's, not the model's
             params = dict(parameters)
             priority = _int_param(params.pop(PRIORITY, 0), PRIORITY)
             timeout_us = _int_param(params.pop(TIMEOUT, 0), TIMEOUT)

@@ -239,13 +239,13 @@ class InferenceService:
                 "the streaming endpoint"
             )
         classes = classification.requested(request) if request.outputs else {}
-        run = functools.partial(self._outputs, loaded, request, call, received)
         try:
             cache = loaded.cache
             if cache is not None and call is NO_CALL and cacheable(request):
+                run = functools.partial(self._outputs, loaded, request, call, received)
                 outputs, parameters = await cache.outputs(request, received, run)
             else:
-                outputs, parameters = await run()
+                outputs, parameters = await self._outputs(loaded, request, call, received)
             if classes:
                 batched = loaded.config.max_batch_size > 0
                 outputs = classification.apply(outputs, classes, batched, loaded.labels)

@@ -60,9 +60,10 @@ def test_versions_and_loads_have_key_spaces_of_their_own() -> None:
     assert len(keys) == 3
 
 
-def test_parameters_the_scheduler_consumes_are_not_in_the_key() -> None:
+def test_scheduling_parameters_are_not_in_the_key_sequence_ones_are() -> None:
     plain = request_key(1, "1", _request(A))
     assert request_key(1, "1", _request(A, priority=1, timeout=5)) == plain
+    assert request_key(1, "1", _request(A, sequence_id=7)) != plain  # correlation_id()
 
 
 def _outputs(nbytes: int) -> tuple[list[OutputTensor], dict[str, object]]:
