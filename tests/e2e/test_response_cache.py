@@ -10,7 +10,8 @@ cache gets the counter of the execution that computed it, and execution_count st
 - LRU eviction at the configured size, with exact byte accounting; an entry larger than the
   cache is not stored;
 - what Triton refuses or skips: no server cache (the model runs, uncached), decoupled and
-  sequence models (refused at load), tensors in shared memory (not cached), models without
+  sequence models and an ensemble over a stateful step (refused at load), tensors in shared
+  memory (not cached), models without
   response_cache; a top-level ensemble request is cached;
 - a reload (new code, same version) or an unload drops the model's entries: nothing stale;
 - concurrent identical requests all get the right answer and leave one entry;
@@ -38,7 +39,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, RunningServer, repository_of, run_server
+from conftest import ROOT, TEST_MODELS, RunningServer, repository_of, run_server
 from dlserve.core.response_cache import CachedTensor, packed_size
 from dlserve.tensors import cuda_ipc
 
@@ -426,10 +427,12 @@ def test_least_recently_used_responses_are_evicted_at_the_configured_size(
 
 # -- no cache, refused models, bad options -----------------------------------------------
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_without_a_server_cache_the_model_runs_uncached_and_refused_models_fail_to_load(
+def test_without_a_server_cache_the_model_runs_uncached_and_what_triton_refuses_fails(
     tmp_path: Path, protocol: str
 ) -> None:
-    repository = _repository(tmp_path, "cached", "cached_decoupled", "cached_sequence")
+    repository = _repository(tmp_path, "cached", "cached_decoupled", "cached_sequence",
+                             "cached_over_sequence")  # fmt: skip
+    repository_of(repository, TEST_MODELS / "sequence_acc")
     with run_server(repository, "--model-control-mode", "explicit", "--load-model",
                     "cached") as running:  # fmt: skip
         for client in _client(protocol, running):
@@ -451,6 +454,12 @@ def test_without_a_server_cache_the_model_runs_uncached_and_refused_models_fail_
                 "Response Cache does not currently support model cached_sequence with sequence "
                 "batching scheduler. Please disable the response cache."
             ) in sequence.value.message()
+            with pytest.raises(InferenceServerException) as over:
+                client.load_model("cached_over_sequence")
+            assert (
+                "Response Cache does not currently support ensemble cached_over_sequence: its "
+                "step model 'sequence_acc' uses the sequence batching scheduler"
+            ) in over.value.message()
 
 
 @pytest.mark.parametrize(

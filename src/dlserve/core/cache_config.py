@@ -8,15 +8,20 @@ between 1 and the machine's memory is refused when the server starts, with the r
 
 A model's ``response_cache { enable: true }`` is checked when it loads
 (``core/config.py``), as Triton's ``ValidateModelConfig`` checks it, whether or not the
-server has a cache: a decoupled model or one with the sequence batcher is refused.
+server has a cache: a decoupled model or one with the sequence batcher is refused. An
+ensemble that enables it is refused when one of its steps (at any depth) is such a model,
+as Triton's documentation says an ensemble inherits its steps' limits: a cached answer of
+a stateful step would be wrong.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+from dlserve.errors import InvalidArgumentError
 
 LOCAL: Final = "local"
 _FORMAT: Final = "--cache-config option format is '<cache name>,<setting>=<value>'"
@@ -91,3 +96,23 @@ def _size(text: str) -> int:
             f"({memory} bytes)"
         )
     return size
+
+
+def check_ensemble_steps(name: str, config: Any, config_of: Callable[[str], Any]) -> None:
+    """Refuse the cache of ensemble ``name`` if a step (at any depth) could not use one;
+    ``config_of``: a loaded model's config."""
+    for step in config.ensemble_scheduling.step:
+        step_config = config_of(step.model_name)
+        if step_config.platform == "ensemble":
+            check_ensemble_steps(name, step_config, config_of)
+            continue
+        if step_config.HasField("sequence_batching"):
+            why = "uses the sequence batching scheduler"
+        elif step_config.model_transaction_policy.decoupled:
+            why = "uses the 'decoupled' transaction policy"
+        else:
+            continue
+        raise InvalidArgumentError(
+            f"Response Cache does not currently support ensemble {name}: its step model "
+            f"'{step.model_name}' {why}. Please disable the response cache."
+        )

@@ -25,11 +25,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from dlserve import errors
 from dlserve.core import classification, warmup
 from dlserve.core import config as cfg
+from dlserve.core.cache_config import check_ensemble_steps
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
-from dlserve.core.response_cache import ModelCache, ResponseCache
+from dlserve.core.response_cache import ModelCache, ResponseCache, model_cache
 from dlserve.core.scheduler import Scheduler
 from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
@@ -304,18 +305,8 @@ class ModelManager:
         scheduler = kind(source.name, pool, config, stats)
         return ModelVersion(
             source.name, version, config, RequestValidator(config), stats, pool, scheduler,
-            labels=labels, cache=self._model_cache(config, stats),
+            labels=labels, cache=model_cache(self.cache, config, stats),
         )  # fmt: skip
-
-    def _model_cache(self, config: Any, stats: ModelStats) -> ModelCache | None:
-        if not config.response_cache.enable:
-            return None
-        if self.cache is None:  # as in Triton, the model loads and runs without one
-            log.warning("model '%s' enables response_cache, but the server has no cache "
-                        "(--cache-config local,size=BYTES): its responses are not cached",
-                        config.name)  # fmt: skip
-            return None
-        return ModelCache(self.cache, stats)
 
     # -- ensembles ----------------------------------------------------------------------
     async def _start_ensemble(
@@ -341,14 +332,17 @@ class ModelManager:
                     f"ensemble '{source.name}' depends on '{step.model_name}' whose required "
                     f"version {step.model_version} is not loaded."
                 )
+        if config.response_cache.enable:  # not over a stateful or decoupled step
+            check_ensemble_steps(source.name, config, lambda m: self.models[m].config)
         steps_ready = functools.partial(self._steps_ready, plan)
         labels = classification.load_labels(config, source.path)
         versions: dict[int, ModelVersion] = {}
         for v in select_versions(source, config):
             stats = ModelStats(source.name, str(v))
+            cache = model_cache(self.cache, config, stats)
             versions[v] = ModelVersion(
                 source.name, v, config, RequestValidator(config), stats, ensemble=plan,
-                steps_ready=steps_ready, labels=labels, cache=self._model_cache(config, stats),
+                steps_ready=steps_ready, labels=labels, cache=cache,
             )  # fmt: skip
         return config, versions
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -44,6 +45,8 @@ from prometheus_client.registry import Collector
 from dlserve.core.scheduler import PRIORITY, TIMEOUT
 from dlserve.core.stats import ModelStats
 from dlserve.types import InferRequest, OutputTensor, Parameters
+
+log = logging.getLogger("dlserve.models")
 
 ENTRY_OVERHEAD: Final = 128  # the key (32 bytes) and the entry's bookkeeping, counted
 HASH_ON_THREAD: Final = 1 << 20  # inputs of more bytes than this are hashed off the loop
@@ -77,12 +80,12 @@ class CachedResponse:
         return outputs, dict(self.parameters)
 
 
-def packed_size(tensors: tuple[CachedTensor, ...], parameters: Parameters) -> int:
+def packed_size(tensors: Iterable[CachedTensor | OutputTensor], parameters: Parameters) -> int:
     """The bytes an entry is charged: Triton's packed response, its parameters, overhead."""
     size = 4 + ENTRY_OVERHEAD
     for t in tensors:
         size += 8 + 4 + len(t.name.encode()) + 4 + len(t.datatype) + 4 + 8 * len(t.shape)
-        size += 8 + len(t.data)
+        size += 8 + (memoryview(t.data).nbytes if t.data is not None else 0)
     for key, value in parameters.items():
         size += len(key.encode()) + len(str(value).encode())
     return size
@@ -137,9 +140,13 @@ class ResponseCache:
             keys = self._owners.get(owner)
             if keys is None or key in self.entries:
                 return False
-            entry = _entry(outputs, owner)
-            if entry is None or entry.size > self.capacity:
+            tensors, parameters = outputs
+            if any(o.data is None or o.lent is not None for o in tensors):
+                return False  # in a client's region, or in a worker's memory
+            size = packed_size(tensors, parameters)
+            if size > self.capacity:
                 return False
+            entry = _entry(outputs, owner, size)
             while self.used + entry.size > self.capacity:
                 oldest = next(iter(self.entries))
                 self._remove(oldest)
@@ -161,16 +168,14 @@ class ResponseCache:
             keys.discard(key)
 
 
-def _entry(outputs: Outputs, owner: int) -> CachedResponse | None:
-    tensors: list[CachedTensor] = []
-    for o in outputs[0]:
-        if o.data is None or o.lent is not None:
-            return None
-        data = o.data if isinstance(o.data, bytes) else bytes(o.data)
-        tensors.append(CachedTensor(o.name, o.datatype, tuple(o.shape), data))
-    frozen = tuple(tensors)
-    parameters = dict(outputs[1])
-    return CachedResponse(frozen, parameters, packed_size(frozen, parameters), owner)
+def _entry(outputs: Outputs, owner: int, size: int) -> CachedResponse:
+    """The response's outputs, copied (bytes stay as they are: they cannot change)."""
+    tensors = tuple(
+        CachedTensor(o.name, o.datatype, tuple(o.shape),
+                     o.data if isinstance(o.data, bytes) else bytes(o.data or b""))
+        for o in outputs[0]
+    )  # fmt: skip
+    return CachedResponse(tensors, dict(outputs[1]), size, owner)
 
 
 def cacheable(request: InferRequest) -> bool:
@@ -247,6 +252,18 @@ class ModelCache:
         inserted = time.monotonic_ns()
         self.stats.record_cache_miss(looked - start, inserted - inserting)
         return outputs
+
+
+def model_cache(cache: ResponseCache | None, config: Any, stats: ModelStats) -> ModelCache | None:
+    """A loading model version's use of the server's cache, if its config enables it."""
+    if not config.response_cache.enable:
+        return None
+    if cache is None:  # as in Triton, the model loads and runs without one
+        log.warning("model '%s' enables response_cache, but the server has no cache "
+                    "(--cache-config local,size=BYTES): its responses are not cached",
+                    config.name)  # fmt: skip
+        return None
+    return ModelCache(cache, stats)
 
 
 class CacheCollector(Collector):
