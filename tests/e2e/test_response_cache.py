@@ -11,8 +11,8 @@ cache gets the counter of the execution that computed it, and execution_count st
   cache is not stored;
 - what Triton refuses or skips: no server cache (the model runs, uncached), decoupled and
   sequence models and an ensemble over a stateful step (refused at load), tensors in shared
-  memory (not cached), models without
-  response_cache; a top-level ensemble request is cached;
+  memory (not cached), models without response_cache; a top-level ensemble request is
+  cached;
 - a reload (new code, same version) or an unload drops the model's entries: nothing stale;
 - concurrent identical requests all get the right answer and leave one entry;
 - Triton's per-model and server-wide nv_cache_* metrics; bad --cache-config refused at start.
