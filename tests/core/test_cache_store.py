@@ -161,3 +161,29 @@ def test_cache_config_as_triton_spells_it() -> None:
 def test_bad_cache_configs_are_refused(values: list[str], message: str) -> None:
     with pytest.raises(CacheConfigError, match=message):
         parse_cache_config(values)
+
+
+def test_a_model_cache_hashes_large_inputs_on_a_thread_and_counts_as_triton() -> None:
+    import asyncio
+
+    from dlserve.core.response_cache import HASH_ON_THREAD, ModelCache
+    from dlserve.core.stats import ModelStats
+
+    stats = ModelStats("cached", "1")
+    model = ModelCache(ResponseCache(4 * HASH_ON_THREAD), stats)
+    big = np.ones((2, HASH_ON_THREAD // 4), dtype=np.float32)  # 2 x HASH_ON_THREAD bytes
+    runs: list[int] = []
+
+    async def run() -> tuple[list[OutputTensor], dict[str, object]]:
+        runs.append(1)
+        return [OutputTensor("OUTPUT0", "UINT8", (4,), b"abcd")], {}
+
+    async def twice() -> list[tuple[list[OutputTensor], dict[str, object]]]:
+        return [await model.outputs(_request(big), 0, run) for _ in range(2)]
+
+    first, second = asyncio.run(twice())
+    assert len(runs) == 1 and second[0][0].data == first[0][0].data == b"abcd"
+    assert (stats.cache_hit.count, stats.cache_miss.count, stats.success.count) == (1, 1, 1)
+    assert stats.inference_count == stats.execution_count == 0  # the run recorded nothing
+    model.close()
+    assert model.cache.used == 0
