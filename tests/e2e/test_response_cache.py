@@ -7,6 +7,7 @@ cache gets the counter of the execution that computed it, and execution_count st
 - a repeated request is a hit (same outputs, no execution, cache_hit counted, a success that
   is not an inference); different bytes, shape or parameters miss; failures are not stored;
 - the outputs asked for are part of the key; ``class_count`` is applied to a cached response;
+- an ensemble step of a cached model is a hit while the ensemble request is not;
 - LRU eviction at the configured size, with exact byte accounting; an entry larger than the
   cache is not stored;
 - what Triton refuses or skips: no server cache (the model runs, uncached), decoupled and
@@ -61,7 +62,7 @@ def _repository(root: Path, *names: str) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = _repository(tmp_path_factory.mktemp("cache_repo"), "cached", "uncached",
-                             "cached_ensemble")  # fmt: skip
+                             "cached_ensemble", "steps_ensemble")  # fmt: skip
     options = ("--cache-config", f"local,size={CACHE_BYTES}", "--model-control-mode", "explicit",
                "--load-model", "*")  # fmt: skip
     with run_server(repository, *options) as running:
@@ -92,7 +93,7 @@ def infer(
     **parameters: Any,
 ) -> Any:  # fmt: skip
     lib = _lib(client)
-    name = "IN" if model == "cached_ensemble" else "INPUT0"
+    name = "IN" if model.endswith("_ensemble") else "INPUT0"
     tensor = lib.InferInput(name, list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
     requested = None
@@ -349,6 +350,20 @@ def test_a_top_level_ensemble_request_is_cached(client: Any) -> None:
     assert second.as_numpy("COUNT")[0] == first.as_numpy("COUNT")[0]
     assert stats(client, "uncached").executions == step.executions + 1
     assert (after.hits - before.hits, after.success - before.success) == (1, 1)
+
+
+def test_an_ensemble_step_whose_model_has_the_cache_can_be_a_hit(client: Any) -> None:
+    data = fresh(2, 2)
+    before = stats(client), stats(client, "uncached"), stats(client, "steps_ensemble")
+    first = infer(client, data, "steps_ensemble")
+    second = infer(client, data, "steps_ensemble")
+    after = stats(client), stats(client, "uncached"), stats(client, "steps_ensemble")
+    np.testing.assert_array_equal(second.as_numpy("OUT"), data * 4)
+    assert second.as_numpy("COUNT")[0] == first.as_numpy("COUNT")[0]
+    assert after[1].executions == before[1].executions + 2  # the first step ran twice
+    assert after[0].executions == before[0].executions + 1  # the cached one once ...
+    assert (after[0].hits - before[0].hits, after[0].misses - before[0].misses) == (1, 1)
+    assert after[2].success == before[2].success + 2 and after[2].hits == 0  # ... not the ensemble
 
 
 # -- reloads, metrics --------------------------------------------------------------------
