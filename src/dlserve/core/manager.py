@@ -28,6 +28,7 @@ from dlserve.core import config as cfg
 from dlserve.core.cache_config import check_ensemble_steps
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
+from dlserve.core.iterative import IterativeScheduler
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
 from dlserve.core.response_cache import ModelCache, ResponseCache, model_cache
@@ -301,7 +302,10 @@ class ModelManager:
             await pool.stop(timeout=5.0)
             raise
         stats = ModelStats(source.name, str(version))
-        kind = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
+        kind: type[Scheduler] = Scheduler
+        if config.HasField("sequence_batching"):
+            iterative = config.sequence_batching.iterative_sequence
+            kind = IterativeScheduler if iterative else SequenceScheduler
         scheduler = kind(source.name, pool, config, stats)
         return ModelVersion(
             source.name, version, config, RequestValidator(config), stats, pool, scheduler,

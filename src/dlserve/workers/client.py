@@ -261,10 +261,14 @@ class WorkerBase(ArenaLending, DecoupledStreams):
             raise outcome
         return self.read_reply(*outcome)
 
-    def submit(self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback]) -> list[int]:
+    def submit(
+        self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback],
+        rids: Sequence[int | None] = (),
+    ) -> list[int]:  # fmt: skip
         """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
         (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
-        the worker is gone."""
+        the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a new
+        one); a decoupled one keeps its stream, and its inputs until its final response."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
@@ -276,23 +280,29 @@ class WorkerBase(ArenaLending, DecoupledStreams):
                 refs, inline, offsets = place_inputs(
                     self.input_arena, item.inputs, item.input_spans, payload, inline
                 )
-                placed.append((next(self._rids), item, refs, offsets))
+                rid = rids[len(placed)] if rids else None
+                placed.append((next(self._rids) if rid is None else rid, item, refs, offsets))
         except BaseException:
             for _, _, _, offsets in placed:
                 for offset in offsets:
                     self.input_arena.free(offset)
             raise
-        rids: list[int] = []
+        sent: list[int] = []
         for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
-            self._pending[rid] = _Pending(callback, offsets)
-            rids.append(rid)
+            pending = _Pending(callback, offsets)
+            earlier = self._pending.get(rid) if rids else None
+            if earlier is not None:  # rescheduled, decoupled: its stream, its inputs so far
+                pending.stream = earlier.stream
+                pending.arena_offsets = earlier.arena_offsets + offsets
+            self._pending[rid] = pending
+            sent.append(rid)
         if polling.active():
             polling.spinner.hold(self._pending)
         release = self._release
         if release:
             self._release = []
         channel.send(infer_message(placed, release), payload)
-        return rids
+        return sent
 
     def tell(self, message: m.ServerToWorker) -> None:
         """Send a notice that wants no answer (the worker may be between requests or not)."""

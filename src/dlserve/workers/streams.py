@@ -42,6 +42,7 @@ class StreamSink:
     freed: bool = False
     finished: bool = False  # the final response has come
     executed: bool = False  # the executed notice has come
+    rescheduled: bool = False  # ... and said the model will run the request again
     # flow control: responses (and their bytes) the consumer took, not yet credited back
     taken: int = 0
     taken_bytes: int = 0
@@ -89,7 +90,7 @@ class DecoupledStreams:
             return
         sink = pending.stream
         if msg.executed:
-            sink.executed = True
+            sink.executed, sink.rescheduled = True, msg.rescheduled
             if sink.finished:
                 del self._pending[msg.rid]
             if msg.timings is not None and sink.on_executed is not None:
