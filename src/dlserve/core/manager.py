@@ -25,11 +25,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from dlserve import errors
 from dlserve.core import classification, warmup
 from dlserve.core import config as cfg
+from dlserve.core.cache_config import check_ensemble_steps
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.iterative import IterativeScheduler
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
+from dlserve.core.response_cache import ModelCache, ResponseCache, model_cache
 from dlserve.core.scheduler import Scheduler
 from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
@@ -73,6 +75,7 @@ class ModelVersion:
     labels: dict[str, list[str]] = field(default_factory=dict)  # outputs' label files
     decoupled: bool = field(init=False)  # from the config, read once
     streams: OpenStreams = field(default_factory=OpenStreams)  # stop() waits for them
+    cache: ModelCache | None = None  # its use of the server's response cache
 
     def __post_init__(self) -> None:
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
@@ -88,6 +91,8 @@ class ModelVersion:
         request still streaming past the deadline (its client reads too slowly, or not at
         all, so its model waits for credit) ends with an UNAVAILABLE error."""
         deadline = time.monotonic() + timeout
+        if self.cache is not None:  # its responses go, and what it answers now is not kept
+            self.cache.close()
         if self.scheduler is not None:
             await self.scheduler.drain(timeout)
         await self.streams.drain(deadline, self.name)
@@ -143,8 +148,10 @@ class ModelManager:
         options: ManagerOptions,
         custom: CustomMetrics,
         calls: CallSink | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.repository = repository
+        self.cache = cache  # the server's response cache (--cache-config), if any
         self.options = options
         polling.set_busy_poll(options.busy_poll_us, options.reply_poll_us)
         self.custom = custom
@@ -302,7 +309,7 @@ class ModelManager:
         scheduler = kind(source.name, pool, config, stats)
         return ModelVersion(
             source.name, version, config, RequestValidator(config), stats, pool, scheduler,
-            labels=labels,
+            labels=labels, cache=model_cache(self.cache, config, stats),
         )  # fmt: skip
 
     # -- ensembles ----------------------------------------------------------------------
@@ -329,21 +336,18 @@ class ModelManager:
                     f"ensemble '{source.name}' depends on '{step.model_name}' whose required "
                     f"version {step.model_version} is not loaded."
                 )
+        if config.response_cache.enable:  # not over a stateful or decoupled step
+            check_ensemble_steps(source.name, config, lambda m: self.models[m].config)
         steps_ready = functools.partial(self._steps_ready, plan)
         labels = classification.load_labels(config, source.path)
-        versions = {
-            v: ModelVersion(
-                source.name,
-                v,
-                config,
-                RequestValidator(config),
-                ModelStats(source.name, str(v)),
-                ensemble=plan,
-                steps_ready=steps_ready,
-                labels=labels,
-            )
-            for v in select_versions(source, config)
-        }
+        versions: dict[int, ModelVersion] = {}
+        for v in select_versions(source, config):
+            stats = ModelStats(source.name, str(v))
+            cache = model_cache(self.cache, config, stats)
+            versions[v] = ModelVersion(
+                source.name, v, config, RequestValidator(config), stats, ensemble=plan,
+                steps_ready=steps_ready, labels=labels, cache=cache,
+            )  # fmt: skip
         return config, versions
 
     async def _require_step(self, ensemble: str, model: str) -> None:
