@@ -135,8 +135,7 @@ class Environments:
     def _extract(self, archive: Path, value: str, model: str) -> Path:
         if self._base is None:
             self._base = Path(tempfile.mkdtemp(prefix="dlserve_python_env_"))
-        root = self._base / str(len(self._prepared))
-        root.mkdir()
+        root = Path(tempfile.mkdtemp(dir=self._base))  # one per archive and version of it
         try:
             with tarfile.open(archive, "r:*") as tar:
                 if hasattr(tarfile, "tar_filter"):  # Python 3.11.4 and newer
