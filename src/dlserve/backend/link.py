@@ -66,9 +66,17 @@ class WorkerLink:
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
+        self.send_many(((message, payload),))
+
+    def send_many(self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
+        """Send frames, several in one system call (the replies of one execute: the server
+        wakes once for them); raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                self._channel.send(message, payload)
+                if len(frames) == 1:
+                    self._channel.send(*frames[0])
+                else:
+                    self._channel.send_many(frames)
                 if self._peer_releases:
                     self._channel.send(self._take_peer_releases())
                 while self._call_stops:

@@ -16,6 +16,7 @@ from dlserve.ipc import codec, messages
 
 T = TypeVar("T")
 READ_AHEAD = 64 * 1024
+_MAX_BUFFERS = 900  # below IOV_MAX (1024), with room for one more frame's pieces
 Frame = tuple[T, memoryview]
 
 
@@ -38,6 +39,28 @@ class BlockingChannel(Generic[T]):
 
     def send(self, message: messages._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         buffers, total = codec.encode_sized(message, payload)
+        sent = self._sock.sendmsg(buffers)
+        if sent < total:
+            self._send_rest(buffers, sent)
+
+    def send_many(
+        self, frames: Sequence[tuple[messages._Msg, Sequence[bytes | memoryview]]]
+    ) -> None:
+        """Several frames in one system call (the replies of one batch: the server wakes
+        once for them all)."""
+        buffers: list[bytes | memoryview] = []
+        total = 0
+        for message, payload in frames:
+            pieces, size = codec.encode_sized(message, payload)
+            buffers += pieces
+            total += size
+            if len(buffers) > _MAX_BUFFERS:  # sendmsg takes at most IOV_MAX (1024) buffers
+                self._send_all(buffers, total)
+                buffers, total = [], 0
+        if buffers:
+            self._send_all(buffers, total)
+
+    def _send_all(self, buffers: list[bytes | memoryview], total: int) -> None:
         sent = self._sock.sendmsg(buffers)
         if sent < total:
             self._send_rest(buffers, sent)

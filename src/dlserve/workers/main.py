@@ -112,8 +112,7 @@ class _Serving:
                 self.worker.send(*reply)
         elif isinstance(msg, m.InferBatch):
             assert self.runner is not None, "InferBatch before Load"
-            for done, buffers in self.runner.execute(msg.items, msg.release, payload):
-                self.worker.send(done, buffers)
+            self.worker.send_many(self.runner.execute(msg.items, msg.release, payload))
         elif isinstance(msg, m.Release):
             if self.runner is not None:
                 self.runner.release(msg.offsets, msg.gpu)
