@@ -9,7 +9,10 @@ seconds. Without continuous batching a request would wait for the others to fini
 with it, new requests join the executes of those in flight.
 
     .venv/bin/python benchmarks/bench_iterative.py [--servers dlserve,triton]
-        [--clients 1,8] [--steps 20] [--duration 5]
+        [--clients 1,8] [--steps 20] [--step-ms 2] [--duration 5]
+
+``--step-ms 0``: no work per step, so what is measured is each server's cost per
+iteration (the scheduler, the trip to the model's process and back).
 
 Prints per server and client count: requests/s, p50 / p99 latency, and the mean batch
 (inferences per execute, from the statistics). A benchmark, not a test.
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -82,19 +87,34 @@ def main() -> None:
     parser.add_argument("--servers", default="dlserve,triton")
     parser.add_argument("--clients", default="1,8")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--step-ms", default="2", help="the model's time per step")
     parser.add_argument("--duration", type=float, default=5.0)
     args = parser.parse_args()
-    rows = []
-    for name in args.servers.split(","):
-        with RUNNERS[name](MODELS, *_triton.free_ports(3)) as server:
-            for clients in (int(c) for c in args.clients.split(",")):
-                row = measure(server.grpc_url, clients, args.steps, args.duration)
-                rows.append((name, clients, row))
-                print(f"# {name} {clients} {row}", file=sys.stderr)
+    models = Path(tempfile.mkdtemp(prefix="bench_iterative_"))
+    shutil.copytree(MODELS, models, dirs_exist_ok=True)
+    config = models / "steps" / "config.pbtxt"
+    config.write_text(
+        config.read_text().replace('string_value: "2"', f'string_value: "{args.step_ms}"')
+    )
+    try:
+        rows = run_all(args, models)
+    finally:
+        shutil.rmtree(models, ignore_errors=True)
     print(f"{'server':<8} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6}")
     for name, clients, row in rows:
         print(f"{name:<8} {clients:>7} {row['requests_s']:>8.1f} {row['p50_ms']:>8.1f} "
               f"{row['p99_ms']:>8.1f} {row['mean_batch']:>6.2f}")  # fmt: skip
+
+
+def run_all(args: argparse.Namespace, models: Path) -> list[tuple[str, int, dict[str, Any]]]:
+    rows = []
+    for name in args.servers.split(","):
+        with RUNNERS[name](models, *_triton.free_ports(3)) as server:
+            for clients in (int(c) for c in args.clients.split(",")):
+                row = measure(server.grpc_url, clients, args.steps, args.duration)
+                rows.append((name, clients, row))
+                print(f"# {name} {clients} {row}", file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":
