@@ -154,6 +154,12 @@ def _log_options(group: Any) -> None:
         "--log-file", metavar="PATH",
         help="append the server's and the models' log lines (their stderr) to this file",
     )  # fmt: skip
+    group.add_argument(
+        "--trace-config", action="append", default=[], metavar="[triton,]SETTING=VALUE",
+        help="Triton's request tracing: level=OFF|TIMESTAMPS|TENSORS (repeatable), rate=N "
+        "(every N-th request), count=N (-1: no limit), mode=triton, triton,file=PATH, "
+        "triton,log-frequency=N (write every N traces to PATH.<n>); repeatable",
+    )  # fmt: skip
 
 
 def _tuning_options(group: Any) -> None:
@@ -207,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
     if args.log_file:
         _log_to(args.log_file, parser)
+    from dlserve.core.trace_config import parse_trace_config
+
+    try:
+        trace = parse_trace_config(args.trace_config, os.getcwd())
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname).1s %(name)s: %(message)s"
     )
@@ -240,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,
         grpc_tls=tls,
+        trace=trace,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

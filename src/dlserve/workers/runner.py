@@ -269,6 +269,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         )
         if msg.flags or msg.correlation_id:  # a sequence's request
             request._correlation_id, request._flags = msg.correlation_id, msg.flags
+        if msg.trace_id:
+            request._trace = pb_utils.InferenceTrace(msg.trace_id)
         targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS
         outputs = self.outputs
         request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]

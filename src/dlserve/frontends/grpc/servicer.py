@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.core.service import InferenceService
+from dlserve.core.tracer import Trace
 from dlserve.errors import (
     DecoupledModelError,
     DlserveError,
@@ -75,11 +77,25 @@ class GrpcServicer:
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
         parsed = convert.parse_infer_request(request)
         parsed.peer = shm.peer_of(context.peer())
+        trace = self._trace(parsed, context) if context.opened_ns else None
         try:
-            response = await self._service.infer(parsed)
+            response = await self._service.infer(parsed, trace=trace)
         except DecoupledModelError:
             raise UnsupportedError(_INFER_DECOUPLED) from None
+        if trace is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
         return convert.infer_response_parts(response)
+
+    def _trace(self, request: InferRequest, context: Any) -> Trace | None:
+        """The call's trace when its model's setting samples it (tracing was on when the
+        call opened); the transport stamps the sending and releases it."""
+        received = time.monotonic_ns()
+        trace = self._service.tracer.sample(request.model_name)
+        if trace is not None:
+            trace.stamp("GRPC_WAITREAD_START", context.opened_ns)
+            trace.stamp("GRPC_WAITREAD_END", received)
+            context.trace = trace
+        return trace
 
     async def model_stream_infer(
         self, requests: AsyncIterator[memoryview], context: Any
@@ -278,4 +294,6 @@ def create_grpc_server(
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
     replaced)."""
-    return GrpcServer(method_handlers(GrpcServicer(service)), host, port, uds_path, tls)
+    return GrpcServer(
+        method_handlers(GrpcServicer(service)), host, port, uds_path, tls, service.trace
+    )
