@@ -11,8 +11,11 @@ class TritonPythonModel:
             assert request.trace().get_context() is None
             inputs = [pb_utils.get_input_tensor_by_name(request, "INPUT0")]
             traced = pb_utils.InferenceRequest(
-                model_name="double", inputs=inputs, requested_output_names=["OUTPUT0"],
-                request_id="child", trace=request.trace(),
+                model_name="double",
+                inputs=inputs,
+                requested_output_names=["OUTPUT0"],
+                request_id="child",
+                trace=request.trace(),
             ).exec()
             untraced = pb_utils.InferenceRequest(
                 model_name="double", inputs=inputs, requested_output_names=["OUTPUT0"]
