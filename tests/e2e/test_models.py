@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -202,6 +203,20 @@ def test_initialize_gets_tritons_args(client: Client, test_server: RunningServer
     assert config["name"] == "check_args"
     assert config["parameters"] == {"custom_key": {"string_value": "custom_value"}}
     assert [group["count"] for group in config["instance_group"]] == [2]
+
+
+def test_a_kind_model_instance_is_told_so(tmp_path: Path) -> None:
+    """KIND_MODEL: the model places itself; initialize hears "MODEL", as Triton says it."""
+    shutil.copytree(TEST_MODELS / "check_args", tmp_path / "check_args")
+    config = tmp_path / "check_args" / "config.pbtxt"
+    config.write_text(config.read_text().replace("kind: KIND_CPU", "kind: KIND_MODEL"))
+    with run_server(tmp_path) as server, grpcclient.InferenceServerClient(server.grpc_url) as c:
+        tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(fp32(0))
+        args = json.loads(c.infer("check_args", [tensor]).as_numpy("ARGS")[0])
+    assert args["model_instance_kind"] == "MODEL"
+    assert args["model_instance_device_id"] == "0"
+    assert args["model_instance_name"] in {"check_args_0_0", "check_args_0_1"}
 
 
 @pytest.mark.parametrize("count", [16, 1 << 20], ids=["inline", "arena"])

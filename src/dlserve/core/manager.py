@@ -36,7 +36,7 @@ from dlserve.core.streams import OpenStreams
 from dlserve.core.validation import RequestValidator
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
-from dlserve.workers import polling
+from dlserve.workers import environments, polling
 from dlserve.workers.client import CallSink, WorkerBase
 from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
 
@@ -123,6 +123,8 @@ def instance_specs(config: Any) -> list[InstanceSpec]:
     for group in config.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             placements = [("GPU", gpu) for gpu in group.gpus]
+        elif group.kind == mc.ModelInstanceGroup.KIND_MODEL:  # the model places itself
+            placements = [("MODEL", 0)]
         else:
             placements = [("CPU", 0)]
         index = 0
@@ -148,6 +150,7 @@ class ModelManager:
         self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}
         self._loading_ensembles: set[str] = set()
+        self.environments = environments.Environments()  # EXECUTION_ENV_PATH
 
     def entry(self, name: str) -> ModelEntry | None:
         return self.models.get(name)
@@ -208,9 +211,12 @@ class ModelManager:
         if cfg.is_ensemble(raw):
             return await self._start_ensemble(source, raw)
         chosen = select_versions(source, raw)
+        wanted = environments.requested(raw.parameters, source.path)
+        exec_env = None if wanted is None else await self.environments.prepare(wanted, name)
         first: WorkerBase | None = await spawn_worker(
-            f"{name}_autocomplete", self.options.in_process, self.custom.handle, self.calls
-        )
+            f"{name}_autocomplete", self.options.in_process, self.custom.handle, self.calls,
+            exec_env,
+        )  # fmt: skip
         assert first is not None
         try:
             config = await self._auto_complete(source, chosen[0], raw, first)
@@ -221,7 +227,9 @@ class ModelManager:
         versions: dict[int, ModelVersion] = {}
         try:
             for version in chosen:
-                versions[version] = await self._start_version(source, version, config, first)
+                versions[version] = await self._start_version(
+                    source, version, config, first, exec_env
+                )
                 first = None
         except BaseException:
             if first is not None:
@@ -264,8 +272,9 @@ class ModelManager:
         return config
 
     async def _start_version(
-        self, source: ModelSource, version: int, config: Any, first: WorkerBase | None
-    ) -> ModelVersion:
+        self, source: ModelSource, version: int, config: Any, first: WorkerBase | None,
+        exec_env: environments.ExecEnv | None,
+    ) -> ModelVersion:  # fmt: skip
         template = self._template(source, version, config, autocomplete=False)
         samples = warmup.plan(config, source.path)
         labels = classification.load_labels(config, source.path)
@@ -276,6 +285,7 @@ class ModelManager:
             on_metric=self.custom.handle,
             load_timeout=self.options.load_timeout,
             calls=self.calls,
+            exec_env=exec_env,
         )
         await pool.start(first)
         try:
@@ -389,7 +399,9 @@ class ModelManager:
             entry.path = None
 
     async def unload_all(self) -> None:
+        """Unload every model (the server stops): extracted environments go too."""
         await asyncio.gather(*(self.unload(name) for name in list(self.models)))
+        self.environments.close()
 
     def all_stats(self) -> list[ModelStats]:
         return [v.stats for e in self.models.values() for v in e.versions.values()]

@@ -19,22 +19,28 @@ from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 from dlserve.tensors.shm import ShmSegment
 from dlserve.workers import polling
 from dlserve.workers.client import WorkerBase
+from dlserve.workers.environments import ExecEnv
 
 
 class SubprocessWorker(WorkerBase):
     """A worker in its own process."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, exec_env: ExecEnv | None = None) -> None:
         super().__init__(label)
         self.process: asyncio.subprocess.Process | None = None
+        self.exec_env = exec_env  # the model's own Python environment (EXECUTION_ENV_PATH)
 
     async def spawn(self, env: dict[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         in_fd, out_fd = self.input_segment.fd, self.output_segment.fd
         assert in_fd is not None and out_fd is not None
-        command = [sys.executable, "-m", "dlserve.workers.main", "--fd", str(theirs.fileno()),
-                   "--input-arena-fd", str(in_fd), "--output-arena-fd", str(out_fd),
+        options = ["--fd", str(theirs.fileno()), "--input-arena-fd", str(in_fd),
+                   "--output-arena-fd", str(out_fd),
                    "--busy-poll-us", str(polling.busy_poll_us())]  # fmt: skip
+        if self.exec_env is None:
+            command = [sys.executable, "-m", "dlserve.workers.main", *options]
+        else:
+            command = self.exec_env.command(options)
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,

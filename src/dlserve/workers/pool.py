@@ -13,6 +13,7 @@ import msgspec
 from dlserve import errors
 from dlserve.ipc import messages as m
 from dlserve.workers.client import CallSink, MetricSink, WorkerBase
+from dlserve.workers.environments import ExecEnv
 from dlserve.workers.kinds import InProcessWorker, SubprocessWorker
 
 log = logging.getLogger("dlserve.workers")
@@ -28,9 +29,16 @@ class InstanceSpec:
 
 
 async def spawn_worker(
-    label: str, in_process: bool, on_metric: MetricSink | None, calls: CallSink | None = None
-) -> WorkerBase:
-    worker: WorkerBase = InProcessWorker(label) if in_process else SubprocessWorker(label)
+    label: str, in_process: bool, on_metric: MetricSink | None, calls: CallSink | None = None,
+    exec_env: ExecEnv | None = None,
+) -> WorkerBase:  # fmt: skip
+    """A started worker (``exec_env``: in the model's own Python environment)."""
+    if in_process and exec_env is not None:
+        raise errors.InvalidArgumentError(
+            f"'{label}': a model with its own Python environment (EXECUTION_ENV_PATH) needs a "
+            "worker process; in-process workers (--debug) run in the server's Python"
+        )
+    worker: WorkerBase = InProcessWorker(label) if in_process else SubprocessWorker(label, exec_env)
     worker.on_metric = on_metric
     worker.calls = calls
     try:
@@ -62,8 +70,10 @@ class WorkerPool:
         on_metric: MetricSink | None,
         load_timeout: float,
         calls: CallSink | None = None,
+        exec_env: ExecEnv | None = None,
     ) -> None:
         self.specs = specs
+        self.exec_env = exec_env
         self.template = template
         self.in_process = in_process
         self.on_metric = on_metric
@@ -90,7 +100,9 @@ class WorkerPool:
     async def _start_instance(self, index: int, worker: WorkerBase | None) -> None:
         spec = self.specs[index]
         if worker is None:
-            worker = await spawn_worker(spec.name, self.in_process, self.on_metric, self.calls)
+            worker = await spawn_worker(
+                spec.name, self.in_process, self.on_metric, self.calls, self.exec_env
+            )
         try:
             await worker.load(load_message(self.template, spec), self.load_timeout)
         except BaseException:
