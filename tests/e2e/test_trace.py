@@ -4,8 +4,10 @@ by tritonclient over gRPC and HTTP; the trace files are read after the server ha
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import queue
 import subprocess
 import sys
 from collections import defaultdict
@@ -35,6 +37,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repository_of(
         tmp_path_factory.mktemp("trace_repo"), EXAMPLES / "add_sub", EXAMPLES / "ensemble_add_sub",
         EXAMPLES / "identity_bytes", TEST_MODELS / "double", TEST_MODELS / "bls_traced",
+        TEST_MODELS / "repeat",
     )  # fmt: skip
 
 
@@ -126,6 +129,63 @@ def test_every_request_is_traced_with_every_timestamp_in_order(
         ordered = traces.in_order(trace_id, GRPC if request_id.startswith("g") else HTTP)
         assert ordered == sorted(ordered), f"{request_id}: {ordered}"
     print(f"{len(ids)} traces, e.g. {traces.stamps[by_request['g0']]}")
+
+
+def test_stream_requests_are_traced(repository: Path, tmp_path: Path) -> None:
+    """ModelStreamInfer: a model that answers once, and a decoupled one (3 responses: each
+    stamps INFER_RESPONSE_COMPLETE and its sending)."""
+    trace_file = tmp_path / "trace.json"
+    results: queue.Queue[Any] = queue.Queue()
+    with traced_server(repository, trace_file, "level=TIMESTAMPS", "rate=1") as server:
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc.start_stream(callback=lambda result, error: results.put(error or result))
+        grpc.async_stream_infer("add_sub", grpc_inputs(A, B), request_id="once")
+        assert not isinstance(results.get(timeout=60), Exception)
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([3], dtype=np.int32))
+        grpc.async_stream_infer("repeat", [count], request_id="three")
+        for _ in range(3):
+            assert not isinstance(results.get(timeout=60), Exception)
+        grpc.stop_stream()
+        grpc.close()
+    traces = Traces(trace_file)
+    by_request = traces.by_request()
+    ordered = traces.in_order(by_request["once"], GRPC)
+    assert ordered == sorted(ordered)
+    names = [name for name, _ in traces.stamps[by_request["three"]]]
+    assert sorted(set(names)) == sorted(GRPC)
+    assert [names.count(n) for n in ("INFER_RESPONSE_COMPLETE", "GRPC_SEND_END")] == [3, 3]
+    stamps = dict(traces.stamps[by_request["three"]])  # the last of each name
+    assert stamps["REQUEST_START"] <= stamps["QUEUE_START"] <= stamps["COMPUTE_START"]
+    assert stamps["COMPUTE_START"] <= stamps["COMPUTE_END"] <= stamps["REQUEST_END"]
+    print("decoupled stream trace:", traces.stamps[by_request["three"]])
+
+
+def test_http_generate_requests_are_traced(repository: Path, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    with traced_server(repository, trace_file, "level=TIMESTAMPS", "rate=1") as server:
+        once = _post(server, "/v2/models/add_sub/generate", {"INPUT0": [1], "INPUT1": [2]})
+        assert json.loads(once)["OUTPUT0"] == 3.0
+        stream = _post(server, "/v2/models/repeat/generate_stream", {"COUNT": 2})
+        assert stream.count(b"data: ") == 2
+    traces = Traces(trace_file)
+    by_model = {h["model_name"]: i for i, h in traces.heads.items()}
+    ordered = traces.in_order(by_model["add_sub"], HTTP)
+    assert ordered == sorted(ordered)
+    names = [name for name, _ in traces.stamps[by_model["repeat"]]]
+    assert sorted(set(names)) == sorted(HTTP)
+    assert [names.count(n) for n in ("INFER_RESPONSE_COMPLETE", "HTTP_SEND_END")] == [2, 2]
+
+
+def _post(server: RunningServer, path: str, body: object) -> bytes:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    try:
+        connection.request("POST", path, json.dumps(body).encode())
+        response = connection.getresponse()
+        assert response.status == 200
+        return response.read()
+    finally:
+        connection.close()
 
 
 # -- rate, count, per-model settings, run-time updates ----------------------------------

@@ -42,6 +42,7 @@ from dlserve.workers.lending import ARENA_OWNERS, return_lent
 
 if TYPE_CHECKING:
     from dlserve.core.service import InferenceService
+    from dlserve.core.tracer import Trace
 
 log = logging.getLogger("dlserve.bls")
 
@@ -120,23 +121,29 @@ class BlsRouter:
     async def _run(
         self, request: InferRequest, call: Call, msg: m.BlsCall, answer: _Answer
     ) -> None:
+        # trace=request.trace() of a traced request: a child of the caller's trace
+        parent = self.service.tracer.live.get(msg.trace_id) if msg.trace_id else None
+        trace = parent.child(request.model_name) if parent is not None else None
+        try:
+            await self._answer(request, call, msg, answer, trace)
+        finally:
+            if trace is not None:
+                trace.release()
+
+    async def _answer(
+        self, request: InferRequest, call: Call, msg: m.BlsCall, answer: _Answer,
+        trace: Trace | None,
+    ) -> None:  # fmt: skip
         if not msg.decoupled:
             loaded = self.service.version(request.model_name, request.model_version)
             if loaded.decoupled:
                 raise errors.UnsupportedError(_NOT_DECOUPLED_CALL.format(name=request.model_name))
-            # trace=request.trace() of a traced request: a child of the caller's trace
-            parent = self.service.tracer.live.get(msg.trace_id) if msg.trace_id else None
-            trace = parent.child(request.model_name) if parent is not None else None
-            try:
-                answer.send(await self.service.infer(request, call, trace), None, True)
-            finally:
-                if trace is not None:
-                    trace.release()
+            answer.send(await self.service.infer(request, call, trace), None, True)
             return
         key = (id(answer.caller), answer.call)
         self._streams[key] = answer  # its caller gives credit back as it takes responses
         try:
-            await _forward(self.service.infer_stream(request, call), answer)
+            await _forward(self.service.infer_stream(request, call, trace), answer)
         finally:
             del self._streams[key]
 

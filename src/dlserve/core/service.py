@@ -265,10 +265,10 @@ class InferenceService:
         )
 
     def infer_stream(
-        self, request: InferRequest, call: Call = NO_CALL
+        self, request: InferRequest, call: Call = NO_CALL, trace: Trace | None = None
     ) -> AsyncGenerator[StreamItem, None]:
         """Run a request over a stream: one item per response (see ``streams``)."""
-        return streams.infer_stream(self, request, call)
+        return streams.infer_stream(self, request, call, trace)
 
     @staticmethod
     def _record(loaded: ModelVersion, reply: WorkerReply, batch: int, received: int) -> None:

@@ -111,7 +111,9 @@ class GrpcServicer:
         out = Outbox()  # bounded: a slow reader holds the models' sends back
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
-        reader = asyncio.create_task(self._read_stream(requests, window, out, tasks, peer))
+        reader = asyncio.create_task(
+            self._read_stream(requests, window, out, tasks, peer, context.opened_ns)
+        )
         try:
             while (response := await out.get()) is not None:
                 yield response
@@ -123,37 +125,51 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
-        out: Outbox, tasks: set[asyncio.Task[None]], peer: Peer,
+        out: Outbox, tasks: set[asyncio.Task[None]], peer: Peer, waited: int,
     ) -> None:  # fmt: skip
+        """``waited``: while tracing is on, when the stream began waiting for its next
+        request (GRPC_WAITREAD_START of that request's trace)."""
+        timing = self._service.trace
+        if not waited and timing.active:  # turned on since the stream opened
+            waited = time.monotonic_ns()
         try:
             async for data in requests:
                 await window.acquire()
-                task = asyncio.create_task(self._stream_one(data, peer, out, window))
+                one = self._stream_one(data, peer, out, window, waited)
+                task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                waited = time.monotonic_ns() if timing.active else 0
             while tasks:  # the client is done sending: finish what it sent
                 await asyncio.wait(list(tasks))
         finally:
             out.put_nowait(None)
 
     async def _stream_one(
-        self,
-        data: memoryview,
-        peer: Peer,
-        out: Outbox,
-        window: asyncio.Semaphore,
-    ) -> None:
+        self, data: memoryview, peer: Peer, out: Outbox, window: asyncio.Semaphore,
+        waited: int,
+    ) -> None:  # fmt: skip
         request: InferRequest | None = None
+        trace: Trace | None = None
         try:
             request = convert.parse_infer_request(data)
             request.peer = peer
+            if waited:
+                trace = self._stream_trace(request, waited)
             empty_final = bool(request.parameters.pop(EMPTY_FINAL, False))
-            items = self._service.infer_stream(request)
+            items = self._service.infer_stream(request, trace=trace)
             async with contextlib.aclosing(items):
                 async for item in items:
                     message = convert.stream_item(request, item, empty_final)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if trace is None:
                         await out.put(message)
+                        continue
+                    trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
+                    trace.stamp("GRPC_SEND_START", time.monotonic_ns())
+                    await out.put(message)
+                    trace.stamp("GRPC_SEND_END", time.monotonic_ns())
         except Exception as exc:
             if not isinstance(exc, DlserveError):
                 log.exception("gRPC ModelStreamInfer request failed")
@@ -161,6 +177,16 @@ class GrpcServicer:
             out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
         finally:
             window.release()
+            if trace is not None:
+                trace.release()
+
+    def _stream_trace(self, request: InferRequest, waited: int) -> Trace | None:
+        """A stream request's trace, when its model's setting samples it."""
+        trace = self._service.tracer.sample(request.model_name)
+        if trace is not None:
+            trace.stamp("GRPC_WAITREAD_START", waited)
+            trace.stamp("GRPC_WAITREAD_END", time.monotonic_ns())
+        return trace
 
     # -- statistics and repository ------------------------------------------------------
     async def model_statistics(self, request: Any, context: Any) -> Any:
