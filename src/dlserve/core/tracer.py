@@ -140,8 +140,10 @@ class Trace:
                 ))  # fmt: skip
 
     def release(self) -> None:
-        """This request is done; the group is written once all of it is."""
-        self._tracer.live.pop(self.id, None)
+        """This request is done; the group is written once all of it is. Once only: a
+        trace the server cut short at shutdown may be released again by its caller."""
+        if self._tracer.live.pop(self.id, None) is None:
+            return
         group = self._group
         group.open -= 1
         if group.open == 0:
