@@ -387,3 +387,24 @@ def test_startup_settings_are_what_the_api_reports(repository: Path, tmp_path: P
         "log_frequency": "3", "trace_file": str(trace_file), "trace_mode": "triton",
     }  # fmt: skip
     assert not trace_file.exists()  # nothing was traced: no file
+
+
+def test_tritons_deprecated_trace_options_still_work(repository: Path, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    args = (
+        "--trace-file",
+        str(trace_file),
+        "--trace-level",
+        "TIMESTAMPS",
+        "--trace-rate",
+        "1",
+        "--trace-config",
+        "rate=2",
+    )  # fmt: skip: --trace-config overrides, as in Triton
+    with run_server(repository, *args) as server:
+        http = httpclient.InferenceServerClient(server.http_url)
+        settings = http.get_trace_settings()
+        http.close()
+        infer_both(server, ["g1", "g2"])
+    assert (settings["trace_level"], settings["trace_rate"]) == (["TIMESTAMPS"], "2")
+    assert sorted(Traces(trace_file).by_request()) == ["g2"]
