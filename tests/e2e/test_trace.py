@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from conftest import EXAMPLES, TEST_MODELS, RunningServer, repository_of, run_server
+from dlserve.tensors import cuda_ipc
 
 CORE = [
     "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
@@ -290,12 +291,9 @@ def test_tensors_of_wire_requests(repository: Path, tmp_path: Path) -> None:
     bytes_in = traces.tensors[by_request["bytes"]][0]["tensor"]
     assert bytes_in == {"name": "INPUT0", "data": '"ab","c"', "shape": "2", "dtype": "BYTES"}
     shm_in = traces.tensors[by_request["shm"]]
-    assert {e["tensor"]["name"]: "data" in e["tensor"] for e in shm_in} == {
-        "INPUT0": False,
-        "INPUT1": False,
-        "OUTPUT0": True,
-        "OUTPUT1": True,
-    }  # fmt: skip: the server does not hold a client region's bytes: no data
+    # the server does not hold a client region's bytes: no data
+    in_data = {e["tensor"]["name"]: "data" in e["tensor"] for e in shm_in}
+    assert in_data == {"INPUT0": False, "INPUT1": False, "OUTPUT0": False, "OUTPUT1": True}
     print("TENSORS:", traces.tensors[by_request["grpc"]])
 
 
@@ -304,15 +302,18 @@ def _tensor(name: str, data: str) -> dict[str, str]:
 
 
 def _infer_from_shared_memory(client: grpcclient.InferenceServerClient) -> None:
+    """Both inputs and OUTPUT0 in a system region, OUTPUT1 in the response."""
     key = f"/trace_in_{os.getpid()}"
-    handle = shm.create_shared_memory_region("trace_in", key, 32)
+    handle = shm.create_shared_memory_region("trace_in", key, 48)
     try:
         shm.set_shared_memory_region(handle, [A, B])
-        client.register_system_shared_memory("trace_in", key, 32)
+        client.register_system_shared_memory("trace_in", key, 48)
         inputs = grpc_inputs(A, B)
         inputs[0].set_shared_memory("trace_in", 16)
         inputs[1].set_shared_memory("trace_in", 16, offset=16)
-        client.infer("add_sub", inputs, request_id="shm")
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
+        outputs[0].set_shared_memory("trace_in", 16, offset=32)
+        client.infer("add_sub", inputs, outputs=outputs, request_id="shm")
         client.unregister_system_shared_memory("trace_in")
     finally:
         shm.destroy_shared_memory_region(handle)
@@ -408,3 +409,41 @@ def test_tritons_deprecated_trace_options_still_work(repository: Path, tmp_path:
         infer_both(server, ["g1", "g2"])
     assert (settings["trace_level"], settings["trace_rate"]) == (["TIMESTAMPS"], "2")
     assert sorted(Traces(trace_file).by_request()) == ["g2"]
+
+
+try:
+    import tritonclient.utils.cuda_shared_memory as cudashm
+except (ImportError, RuntimeError):  # needs cuda-python
+    cudashm = None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cudashm is None or not cuda_ipc.available(), reason="no CUDA device")
+def test_tensors_in_cuda_shared_memory_are_written_without_data(
+    repository: Path, tmp_path: Path
+) -> None:
+    """The server does not map a client's CUDA region: name, shape and dtype, no data."""
+    assert cudashm is not None
+    trace_file = tmp_path / "trace.json"
+    config = ("level=TENSORS", "rate=1")
+    with traced_server(repository, trace_file, *config) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        region = cudashm.create_shared_memory_region("trace_cuda", 64, 0)
+        try:
+            cudashm.set_shared_memory_region(region, [A, B])
+            client.register_cuda_shared_memory("trace_cuda", cudashm.get_raw_handle(region), 0, 64)
+            inputs = grpc_inputs(A, B)
+            inputs[0].set_shared_memory("trace_cuda", 16)
+            inputs[1].set_shared_memory("trace_cuda", 16, offset=16)
+            outputs = [grpcclient.InferRequestedOutput("OUTPUT0")]
+            outputs[0].set_shared_memory("trace_cuda", 16, offset=32)
+            client.infer("add_sub", inputs, outputs=outputs, request_id="cuda")
+            client.unregister_cuda_shared_memory("trace_cuda")
+        finally:
+            cudashm.destroy_shared_memory_region(region)
+            client.close()
+    traces = Traces(trace_file)
+    tensors = traces.tensors[traces.by_request()["cuda"]]
+    assert {e["tensor"]["name"]: "data" in e["tensor"] for e in tensors} == {
+        "INPUT0": False, "INPUT1": False, "OUTPUT0": False,
+    }  # fmt: skip
