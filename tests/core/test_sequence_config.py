@@ -41,7 +41,10 @@ def control(name: str, body: str) -> str:
         ("oldest { }", "'oldest'"),
         ('state [ { input_name: "I" output_name: "O" data_type: TYPE_INT32 dims: [1] } ]',
          "'state' (implicit state)"),
-        ("iterative_sequence: true", "'iterative_sequence'"),
+        ("iterative_sequence: true "
+         'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
+         "int32_false_true: [0, 1] } ] } ]",
+         "'iterative_sequence' with control inputs"),
         ("direct { max_queue_delay_microseconds: 100 }", "'direct' with max_queue_delay"),
         ("direct { minimum_slot_utilization: 0.5 }", "'direct' with max_queue_delay"),
     ],

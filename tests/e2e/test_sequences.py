@@ -392,7 +392,8 @@ def test_an_unsupported_sequence_option_makes_the_model_unavailable(grpc: Any) -
     assert row["reason"] == (
         "model 'sequence_oldest': sequence_batching 'oldest' (several sequences batched into "
         "one execute) is not supported by dlserve (supported: the direct strategy with "
-        "control inputs START, END, READY and CORRID, and max_sequence_idle_microseconds)"
+        "control inputs START, END, READY and CORRID, and max_sequence_idle_microseconds; "
+        "iterative_sequence without control inputs)"
     )
     assert not grpc.is_model_ready("sequence_oldest")
 

@@ -135,8 +135,8 @@ class WorkerLink:
     # -- flow control: a decoupled request's responses not yet taken ----------------------
     def open_window(self, rid: int) -> None:
         """Request ``rid`` is decoupled: its sends are counted against the window."""
-        with self._lock:
-            self._windows[rid] = _Window()
+        with self._lock:  # a rescheduled request (iterative sequences) keeps its window
+            self._windows.setdefault(rid, _Window())
 
     def close_window(self, rid: int) -> None:
         """Request ``rid`` has sent its final flag: credit that comes later is dropped, and

@@ -75,8 +75,17 @@ def _tensors(tensors: Sequence[Tensor], what: str) -> list[Tensor]:
     return result
 
 
+_RELEASE_ALL = 1  # TRITONSERVER_REQUEST_RELEASE_ALL
+_RELEASE_RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
 class InferenceRequest:
     """A request given to ``execute``; also the constructor of a BLS request."""
+
+    # set_release_flags(): RESCHEDULE runs the request again in a later execute
+    # (models with sequence_batching { iterative_sequence: true }: the worker says so)
+    _release_flags: int = _RELEASE_ALL
+    _reschedulable: bool = False
 
     def __init__(
         self,
@@ -180,7 +189,21 @@ class InferenceRequest:
         return self._sender
 
     def set_release_flags(self, flags: int) -> None:
-        raise TritonModelException("request rescheduling (set_release_flags) is not supported yet")
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: when ``execute`` returns, this
+        request is not done: it runs again in a later ``execute`` of this instance (a
+        non-decoupled model puts None in its place in the responses). Needs
+        ``sequence_batching { iterative_sequence: true }``, as in Triton."""
+        if flags not in (_RELEASE_ALL, _RELEASE_RESCHEDULE):
+            raise TritonModelException(
+                f"set_release_flags: unknown flags {flags!r} (use "
+                "TRITONSERVER_REQUEST_RELEASE_ALL or TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)"
+            )
+        if flags == _RELEASE_RESCHEDULE and not self._reschedulable:
+            raise TritonModelException(
+                "request rescheduling needs a model whose config has sequence_batching "
+                "{ iterative_sequence: true }"
+            )
+        self._release_flags = flags
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS): its response, or with ``decoupled``

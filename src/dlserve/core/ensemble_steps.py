@@ -1,7 +1,8 @@
 """Running an ensemble's steps through the service (the plan and its data flow are in
 :mod:`dlserve.core.ensemble`): each step is a request of its model, counted in that model's
 statistics; a step's outputs stay in the worker's memory (viewed, or lent by reference)
-until the ensemble request is over."""
+until the ensemble request is over. A step whose model uses the response cache goes
+through it (its tensors then pass through the server: it neither lends nor borrows)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING
 from dlserve import errors
 from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
 from dlserve.core.regions import RegionLease
+from dlserve.core.response_cache import cacheable
 from dlserve.core.stats import failure_reason
 from dlserve.core.streams import Call
-from dlserve.types import InferRequest, OutputTensor
+from dlserve.types import InferRequest, OutputTensor, Parameters
 from dlserve.workers.lending import return_lent
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ async def run(
         trace.queued(request, time.monotonic_ns())
     outputs = await run_ensemble(
         loaded.ensemble, request, inputs, functools.partial(_run_step, service, trace),
-        lends=lambda model: not service.repository.is_ensemble(model),
+        lends=functools.partial(_lends, service),
     )  # fmt: skip
     total = time.monotonic_ns() - received
     loaded.stats.record_request(batch if loaded.config.max_batch_size > 0 else 1,
@@ -46,11 +48,23 @@ async def run(
     return outputs
 
 
+def _lends(service: InferenceService, model: str) -> bool:
+    """Whether a step's model lends and borrows memory between workers: a Python model
+    that does not use the response cache (a cached step's tensors pass through the server,
+    to be hashed and kept)."""
+    if service.repository.is_ensemble(model):
+        return False
+    entry = service.manager.entry(model)
+    return entry is None or all(v.cache is None for v in entry.versions.values())
+
+
 async def _run_step(
     service: InferenceService, parent: Trace | None, request: InferRequest, memory: StepMemory
 ) -> tuple[list[OutputTensor], Callable[[], None]]:
     """One ensemble step, counted in its model's statistics; its outputs stay in the
-    worker's memory (viewed, or lent) until the returned callable gives them back."""
+    worker's memory (viewed, or lent) until the returned callable gives them back. A step
+    whose model uses the response cache is answered from it when it can be. A traced
+    ensemble request's step is traced as its child."""
     trace = parent.child(request.model_name) if parent is not None else None
     try:
         return await _step(service, trace, request, memory)
@@ -69,13 +83,34 @@ async def _step(
         return response.outputs, _nothing
     if trace is not None:
         trace.started(request.model_name, loaded.version, request.id, received)
+    try:
+        cache = loaded.cache
+        if cache is None or memory.lend or memory.spans or not cacheable(request):
+            return await _run_model(service, loaded, request, memory, received, trace)
+        release: list[Callable[[], None]] = [_nothing]
+
+        async def computed() -> tuple[list[OutputTensor], Parameters]:
+            outputs, release[0] = await _run_model(
+                service, loaded, request, memory, received, trace
+            )
+            return outputs, {}
+
+        outputs, _ = await cache.outputs(request, received, computed)
+        return outputs, release[0]  # a hit holds nothing of a worker's
+    finally:
+        if trace is not None:
+            trace.stamp("REQUEST_END", time.monotonic_ns())
+
+
+async def _run_model(
+    service: InferenceService, loaded: ModelVersion, request: InferRequest,
+    memory: StepMemory, received: int, trace: Trace | None,
+) -> tuple[list[OutputTensor], Callable[[], None]]:  # fmt: skip
     call = Call(lease=_step_lease(service, request, memory.spans), lend=memory.lend)
     try:
         reply, batch = await service._run(loaded, request, keep=True, call=call, trace=trace)
     except errors.DlserveError as exc:
         loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
-        if trace is not None:
-            trace.stamp("REQUEST_END", time.monotonic_ns())
         raise
     service._record(loaded, reply, batch, received)
     shape = loaded.validator.output_shape
@@ -83,7 +118,6 @@ async def _step(
                for o in reply.outputs]  # fmt: skip
     if trace is not None:
         trace.computed(reply, outputs)
-        trace.stamp("REQUEST_END", time.monotonic_ns())
     worker, held = reply.worker, reply.held
     release_held = (functools.partial(worker.release_outputs, held)
                     if worker is not None and held else _nothing)  # fmt: skip

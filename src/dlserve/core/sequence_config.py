@@ -2,9 +2,10 @@
 
 What dlserve supports is Triton's direct strategy: a sequence is bound to one instance
 from its START to its END (or its idle timeout), with the control inputs START, END,
-READY and CORRID. A config that asks for more (the oldest strategy, implicit state,
-iterative sequences, a direct queue delay) is refused with the reason, so the model is
-UNAVAILABLE rather than served with a behaviour it did not ask for.
+READY and CORRID; and iterative sequences (``core/iterative.py``), without control
+inputs. A config that asks for more (the oldest strategy, implicit state, a direct queue
+delay) is refused with the reason, so the model is UNAVAILABLE rather than served with a
+behaviour it did not ask for.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def check(config: Any, name: str) -> None:
         raise ConfigError(
             f"model '{name}': sequence_batching {unsupported} is not supported by dlserve "
             "(supported: the direct strategy with control inputs START, END, READY and "
-            "CORRID, and max_sequence_idle_microseconds)"
+            "CORRID, and max_sequence_idle_microseconds; iterative_sequence without control "
+            "inputs)"
         )
     if batching.max_sequence_idle_microseconds == 0:
         batching.max_sequence_idle_microseconds = DEFAULT_IDLE_US
@@ -137,8 +139,8 @@ def _unsupported(batching: Any) -> str:
         return "'oldest' (several sequences batched into one execute)"
     if batching.state:
         return "'state' (implicit state)"
-    if batching.iterative_sequence:
-        return "'iterative_sequence'"
+    if batching.iterative_sequence and len(batching.control_input):
+        return "'iterative_sequence' with control inputs (the scheduler would fill them)"
     direct = batching.direct
     if direct.max_queue_delay_microseconds or direct.minimum_slot_utilization:
         return "'direct' with max_queue_delay_microseconds or minimum_slot_utilization"

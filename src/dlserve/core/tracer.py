@@ -28,7 +28,7 @@ from typing import IO, Any, Final
 from dlserve.core.trace import Setting, TraceSettings
 from dlserve.core.trace_format import tensor_entry
 from dlserve.types import InferRequest, OutputTensor
-from dlserve.workers.client import WorkerReply
+from dlserve.workers.replies import WorkerReply
 
 log = logging.getLogger("dlserve")
 

@@ -227,6 +227,8 @@ class InferDone(_Msg, tag=103):
     error_code: str = ""  # an ErrorCode value; "" when there is no error
     timings: Timings | None = None
     parameters: dict[str, ParamValue] = {}
+    # the model rescheduled the request (iterative sequences): no response yet, run it again
+    rescheduled: bool = False
 
 
 class StreamResponse(_Msg, tag=104):
@@ -247,6 +249,7 @@ class StreamResponse(_Msg, tag=104):
     # no response: the request's execute() has returned, so the instance is free for the
     # next one (responses sent from the model's threads may still follow)
     executed: bool = False
+    rescheduled: bool = False  # with ``executed``: the model asked to run it again
 
 
 # Flow control of a decoupled request's responses: a sender may have this many responses

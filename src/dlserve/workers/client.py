@@ -22,26 +22,24 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
-from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
+from dlserve.types import InputTensor
 from dlserve.workers import polling
 from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
-from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
+from dlserve.workers.placement import (
+    NO_SPANS,
+    Placed,
+    Span,
+    infer_message,
+    place_inputs,
+    replace_inputs,
+)
+from dlserve.workers.replies import Outcome, ReplyReading, WorkerReply
 from dlserve.workers.streams import DecoupledStreams, StreamSink
 
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
 _worker_ids = itertools.count()
-_PAYLOAD: Final = m.Where.PAYLOAD
-
-
-@dataclass(slots=True)
-class WorkerReply:
-    outputs: list[OutputTensor]
-    timings: m.Timings | None
-    parameters: dict[str, m.ParamValue] = field(default_factory=dict)
-    held: list[int] = field(default_factory=list)  # output-arena offsets still viewed
-    worker: WorkerBase | None = None  # whose output arena ``held`` is in
 
 
 @dataclass(slots=True)
@@ -63,8 +61,6 @@ class WorkItem:
     trace_id: int = 0  # the request's trace (0: not traced): request.trace() names it
 
 
-# What becomes of one request sent to a worker: its reply frame, or the worker's death.
-Outcome = tuple[m.InferDone, memoryview] | errors.DlserveError
 ReplyCallback = Callable[[Outcome], None]
 
 
@@ -73,6 +69,7 @@ class _Pending:
     callback: ReplyCallback
     arena_offsets: list[int]
     stream: StreamSink | None = None  # decoupled: where its responses go
+    refs: list[m.TensorRef] | None = None  # where its inputs were placed (rescheduling)
 
 
 class CallSink(Protocol):
@@ -106,7 +103,7 @@ def apply_log_settings(settings: m.LogSettings) -> None:
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
-class WorkerBase(ArenaLending, DecoupledStreams):
+class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
     """Shared logic of both worker kinds; subclasses only start and stop the other side."""
 
     def __init__(self, label: str) -> None:
@@ -119,6 +116,7 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         self._start_lending(self.input_segment, self.output_segment)
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
         self._pending: dict[int, _Pending] = {}
+        self._kept: dict[int, _Pending] = {}  # rescheduled, between two executes (inputs)
         self._rids = itertools.count(1)
         self._control: asyncio.Future[m.WorkerToServer] | None = None
         self._release: list[int] = []
@@ -142,8 +140,11 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         if isinstance(msg, m.InferDone):
             pending = self._pending.pop(msg.rid, None)
             if pending is not None:
-                for offset in pending.arena_offsets:
-                    self.input_arena.free(offset)
+                if msg.rescheduled:  # its inputs stay where they are for its next execute
+                    self._kept[msg.rid] = pending
+                else:
+                    for offset in pending.arena_offsets:
+                        self.input_arena.free(offset)
                 pending.callback((msg, payload))
         elif isinstance(msg, m.StreamResponse):
             self._on_stream_response(msg, payload)
@@ -262,38 +263,70 @@ class WorkerBase(ArenaLending, DecoupledStreams):
             raise outcome
         return self.read_reply(*outcome)
 
-    def submit(self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback]) -> list[int]:
+    def submit(
+        self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback],
+        rids: Sequence[int | None] = (),
+    ) -> list[int]:  # fmt: skip
         """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
         (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
-        the worker is gone."""
+        the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a new
+        one): it keeps its inputs where they were placed (and a decoupled one its stream)
+        until it is done, or :meth:`forget` is called."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
         payload: list[memoryview] = []
         inline = 0
         placed: list[Placed] = []
+        pendings: list[_Pending] = []
+        reused: list[int] = []  # rids taken out of _kept
         try:
-            for item in items:
-                refs, inline, offsets = place_inputs(
-                    self.input_arena, item.inputs, item.input_spans, payload, inline
-                )
-                placed.append((next(self._rids), item, refs, offsets))
+            for item, callback in zip(items, callbacks, strict=True):
+                rid = rids[len(placed)] if rids else None
+                earlier = None if rid is None else self._earlier(rid)
+                if earlier is not None and earlier.refs is not None:  # placed already
+                    refs, inline = replace_inputs(earlier.refs, item.inputs, payload, inline)
+                    pending = _Pending(callback, earlier.arena_offsets, earlier.stream, refs)
+                    offsets: list[int] = []
+                    if earlier.stream is None and rid is not None:
+                        reused.append(rid)
+                else:
+                    refs, inline, offsets = place_inputs(
+                        self.input_arena, item.inputs, item.input_spans, payload, inline
+                    )
+                    pending = _Pending(callback, offsets, refs=refs)
+                placed.append((next(self._rids) if rid is None else rid, item, refs, offsets))
+                pendings.append(pending)
         except BaseException:
-            for _, _, _, offsets in placed:
-                for offset in offsets:
+            for (rid, _, _, offsets), pending in zip(placed, pendings, strict=True):
+                for offset in offsets:  # placed now: freed; placed earlier: kept again
                     self.input_arena.free(offset)
+                if rid in reused:
+                    self._kept[rid] = pending
             raise
-        rids: list[int] = []
-        for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
-            self._pending[rid] = _Pending(callback, offsets)
-            rids.append(rid)
+        sent: list[int] = []
+        for (rid, _, _, _), pending in zip(placed, pendings, strict=True):
+            self._pending[rid] = pending
+            sent.append(rid)
         if polling.active():
             polling.spinner.hold(self._pending)
         release = self._release
         if release:
             self._release = []
         channel.send(infer_message(placed, release), payload)
-        return rids
+        return sent
+
+    def _earlier(self, rid: int) -> _Pending | None:
+        """A rescheduled request's placement: kept since its InferDone, or (decoupled) its
+        pending entry, which lives until its final response."""
+        return self._kept.pop(rid, None) or self._pending.get(rid)
+
+    def forget(self, rid: int) -> None:
+        """A rescheduled request will not run again: its inputs' arena space goes back."""
+        pending = self._kept.pop(rid, None) or self._pending.pop(rid, None)
+        if pending is not None:
+            for offset in pending.arena_offsets:
+                self.input_arena.free(offset)
 
     def tell(self, message: m.ServerToWorker) -> None:
         """Send a notice that wants no answer (the worker may be between requests or not)."""
@@ -304,72 +337,6 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         """These client regions are gone: the worker drops its mappings of them."""
         if self._channel is not None:
             self._channel.send(m.UnmapRegions(regions))
-
-    def read_reply(
-        self, done: m.InferDone, payload: memoryview, *, keep: bool = False, lend: bool = False
-    ) -> WorkerReply:
-        """The reply's outputs; raises the model's error. Outputs in the output arena are
-        copied out, or with ``keep`` viewed in place and listed in ``held`` (give them
-        back with :meth:`release_outputs` once nothing reads them), or with ``lend`` left
-        for a BLS caller to map (``OutputTensor.lent``; it gives them back)."""
-        if done.error_code:
-            raise errors.error_from_worker(done.error, done.error_code)
-        outputs = []
-        held: list[int] = []
-        data: bytes | memoryview | None
-        for ref in done.outputs:
-            where = ref.where
-            if where == _PAYLOAD:  # the usual small output: a view of the frame
-                data = payload[ref.offset : ref.offset + ref.nbytes]
-                outputs.append(OutputTensor(ref.name, ref.datatype, tuple(ref.shape), data))
-                continue
-            lent: ArenaSpan | CudaSpan | None = None
-            if where == m.Where.OUTPUT_ARENA and lend:
-                data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
-            elif where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
-                data = None
-                lent = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes, ref.lend,
-                                self.arena_ids[1])  # fmt: skip
-            elif where == m.Where.OUTPUT_ARENA:
-                view = self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
-                if keep:
-                    data = view
-                    held.append(ref.offset)
-                else:
-                    data = bytes(view)
-                    self._schedule_release(ref.offset)
-            else:
-                data = None
-            shape = tuple(ref.shape)
-            outputs.append(OutputTensor(ref.name, ref.datatype, shape, data, lent=lent))
-        return WorkerReply(outputs, done.timings, done.parameters, held, self if held else None)
-
-    def discard(self, outcome: Outcome) -> None:
-        """A reply nobody will read: its output-arena space (and lent GPU outputs) go back
-        to the worker."""
-        if isinstance(outcome, tuple):
-            outputs = outcome[0].outputs
-            self.release_outputs([r.offset for r in outputs if r.where == m.Where.OUTPUT_ARENA])
-            for ref in outputs:
-                if ref.where == m.Where.CUDA_IPC and ref.lend:
-                    self.release_lent(-ref.lend)
-
-    def release_outputs(self, offsets: list[int]) -> None:
-        for offset in offsets:
-            self._schedule_release(offset)
-
-    def _schedule_release(self, offset: int) -> None:
-        """Output-arena space goes back with the next Infer, or in a Release of its own."""
-        self._release.append(offset)
-        if not self._release_scheduled:
-            self._release_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_release)
-
-    def _flush_release(self) -> None:
-        self._release_scheduled = False
-        if self._release and self._channel is not None:
-            self._channel.send(m.Release(self._release))
-            self._release = []
 
     # -- stop ---------------------------------------------------------------------------
     async def stop(self, timeout: float) -> None:

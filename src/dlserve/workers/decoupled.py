@@ -35,8 +35,8 @@ def decoupled_execute(
     raises, gets an error response with the final flag. Each request's ``executed`` notice
     follows once ``execute`` has returned."""
     infer_start = infer_end = 0
+    streams: list[_Stream] = []
     try:
-        streams: list[_Stream] = []
         requests: list[pb_utils.InferenceRequest] = []
         for item in items:
             stream = _Stream(runner, worker, item, start)
@@ -58,9 +58,11 @@ def decoupled_execute(
     finally:  # the instance is free for the next requests; responses may go on
         now = time.monotonic_ns()
         timings = m.Timings(start, infer_start or now, infer_end or now, now)
+        again = {s.msg.rid for s in streams if s.rescheduled()}
         for item in items:
-            worker.send(m.StreamResponse(rid=item.rid, has_response=False, executed=True,
-                                         timings=timings))  # fmt: skip
+            notice = m.StreamResponse(rid=item.rid, has_response=False, executed=True,
+                                      timings=timings, rescheduled=item.rid in again)  # fmt: skip
+            worker.send(notice)
 
 
 def _execute(
@@ -107,6 +109,14 @@ class _Stream:
 
     def _cancelled(self) -> bool:
         return self.request is not None and self.request._cancelled
+
+    def rescheduled(self) -> bool:
+        """The model asked to run the request again, and has not ended it (final flag)."""
+        request, sender = self.request, self.sender
+        return (
+            request is not None and sender is not None and not sender.closed
+            and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        )  # fmt: skip
 
     def emit(self, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         """Send one response (from any thread of the model). A response that is not final

@@ -31,7 +31,7 @@ from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment, buffer_address
-from dlserve.workers import gpu_bls, gpu_io
+from dlserve.workers import gpu_bls, gpu_io, rescheduling
 from dlserve.workers.bls_memory import SharedMemoryForBls
 from dlserve.workers.cancellation import Cancellation, upstream
 from dlserve.workers.decoupled import decoupled_execute
@@ -92,6 +92,7 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         self._input_base = buffer_address(self.input_arena.buffer)
         self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
         self._decoupled: bool | None = None  # from the config, once known
+        self._iterative: bool | None = None  # likewise: may requests be rescheduled?
         self._started = 0  # the newest rid started (rids grow)
         self._cancelled_early: set[int] = set()  # cancelled before they started
         self.link: link.WorkerLink | None = None  # the serve loop's, once loaded by it
@@ -103,11 +104,17 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
             self._decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
         return self._decoupled
 
+    @property
+    def iterative(self) -> bool:
+        if self._iterative is None:
+            self._iterative = rescheduling.iterative(self.config)
+        return self._iterative
+
     def update(self, load: m.Load) -> None:
         """A second Load on the same worker: the final config and this instance's identity."""
         self.load = load
         self.config = json.loads(load.config_json)
-        self._decoupled = None
+        self._decoupled = self._iterative = None
 
     def start(self) -> None:
         """Import, auto-complete and initialize; raises LoadError with the reason."""
@@ -242,14 +249,18 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         try:
             responses = self._call(self.model.execute, requests)
             infer_end = time.monotonic_ns()
-            checked = self._responses(responses, len(requests))
+            checked = rescheduling.checked_responses(responses, requests)
         except BaseException as exc:  # the model's failure is every request's failure
             for index in running:
                 replies[index] = self._error_reply(items[index].rid, exc), []
             return
-        for index, response in zip(running, checked, strict=True):
+        for index, response, request in zip(running, checked, requests, strict=True):
             item = items[index]
             try:
+                if request._release_flags == rescheduling.RESCHEDULE:
+                    replies[index] = rescheduling.rescheduled_reply(item.rid, response), []
+                    continue
+                assert response is not None
                 error = response.error()
                 if error is not None:
                     raise error
@@ -271,6 +282,8 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
             request._correlation_id, request._flags = msg.correlation_id, msg.flags
         if msg.trace_id:
             request._trace = pb_utils.InferenceTrace(msg.trace_id)
+        if self.iterative:
+            request._reschedulable = True
         targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS
         outputs = self.outputs
         request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
@@ -308,26 +321,6 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         if dtype.is_bytes:
             return dtypes.deserialize_bytes(raw).reshape(ref.shape), dtype
         return np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape), dtype
-
-    @staticmethod
-    def _responses(responses: Any, count: int) -> list[pb_utils.InferenceResponse]:
-        """execute()'s result checked: one InferenceResponse per request (Triton's messages)."""
-        if not isinstance(responses, (list, tuple)):  # a tuple: no union object per call
-            raise TritonError(
-                f"Expected a list in the execute return, found type '{type(responses).__name__}'."
-            )
-        if len(responses) != count:
-            raise TritonError(
-                "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
-                f"InferenceResponse(s) size is:{len(responses)}"
-            )
-        for response in responses:
-            if not isinstance(response, pb_utils.InferenceResponse):
-                raise TritonError(
-                    f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
-                )
-        return list(responses)
 
     def _reply(
         self, msg: Item, response: pb_utils.InferenceResponse

@@ -14,7 +14,8 @@ from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena
 
 if TYPE_CHECKING:
-    from dlserve.workers.client import WorkerReply, _Pending
+    from dlserve.workers.client import _Pending
+    from dlserve.workers.replies import WorkerReply
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class StreamSink:
     freed: bool = False
     finished: bool = False  # the final response has come
     executed: bool = False  # the executed notice has come
+    rescheduled: bool = False  # ... and said the model will run the request again
     # flow control: responses (and their bytes) the consumer took, not yet credited back
     taken: int = 0
     taken_bytes: int = 0
@@ -89,7 +91,7 @@ class DecoupledStreams:
             return
         sink = pending.stream
         if msg.executed:
-            sink.executed = True
+            sink.executed, sink.rescheduled = True, msg.rescheduled
             if sink.finished:
                 del self._pending[msg.rid]
             if msg.timings is not None and sink.on_executed is not None:

@@ -1,0 +1,10 @@
+"""reschedule_refused: calls set_release_flags(RESCHEDULE), which its config does not allow."""
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+        return [None for _ in requests]
