@@ -23,11 +23,11 @@ def test_trace_config_is_read_as_triton_reads_it(tmp_path: Path) -> None:
     assert parse_trace_config([]) == {}
     settings = parse_trace_config(
         ["level=timestamps", "level=TENSORS", "rate=10", "count=3", "mode=triton",
-         "triton,file=t.json", "triton,log-frequency=5"], cwd="/work",
+         "triton,file=t.json", "triton,log-frequency=5"], cwd=str(tmp_path),
     )  # fmt: skip
     assert settings == {
         "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": ["10"], "trace_count": ["3"],
-        "trace_file": ["/work/t.json"], "log_frequency": ["5"],
+        "trace_file": [f"{tmp_path}/t.json"], "log_frequency": ["5"],
     }  # fmt: skip
     # an explicit OFF wins over the other levels, as in Triton
     off = parse_trace_config(["level=TIMESTAMPS", "level=OFF"])

@@ -363,6 +363,7 @@ def test_ensemble_steps_and_bls_calls_carry_the_parent_id(repository: Path, tmp_
         ([",file=x"], "No trace mode specified."),
         (["bogus=1"], 'Bad option: "--trace-config bogus".'),
         (["level=TIMESTAMPS"], "needs a trace file"),
+        (["triton,file=/no/such/folder/t.json"], "does not exist or is not writable"),
     ],
 )
 def test_bad_trace_config_is_refused_at_start(config: list[str], message: str) -> None:

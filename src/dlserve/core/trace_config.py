@@ -10,6 +10,7 @@ file to write to, negative numbers (docs/differences.md)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Final
 
@@ -48,7 +49,20 @@ def parse_trace_config(args: Sequence[str], cwd: str = "") -> dict[str, list[str
             "--trace-config level=" + ",".join(result["trace_level"]) + " needs a trace file "
             "to write to: --trace-config triton,file=<path>"
         )
+    if "trace_file" in result:
+        _check_folder(result["trace_file"][0])
     return result
+
+
+def _check_folder(path: str) -> None:
+    """The trace file's folder must exist and be writable: found out now, not when the
+    first traces are written (and lost)."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"--trace-config triton,file={path}: the folder {folder} does not exist or is "
+            "not writable"
+        )
 
 
 def _split(arg: str) -> tuple[str, str, str]:
