@@ -16,6 +16,27 @@ if TYPE_CHECKING:
     from dlserve.frontends.grpc.transport import TlsOptions
 
 
+_DEPRECATED_TRACE = {
+    "--trace-file": "triton,file", "--trace-level": "level", "--trace-rate": "rate",
+    "--trace-count": "count", "--trace-log-frequency": "triton,log-frequency",
+}  # fmt: skip
+
+
+def _trace_config(args: argparse.Namespace) -> list[str]:
+    """--trace-config's values, after those of Triton's deprecated options, which they
+    override (as in Triton; levels add up)."""
+    values: list[str] = []
+    for name, setting in _DEPRECATED_TRACE.items():
+        given = getattr(args, name[2:].replace("-", "_"))
+        if given:
+            print(f"Warning: '{name}' has been deprecated and will be removed in a future "
+                  f"release. Please use '--trace-config {setting}=<value>' instead.",
+                  file=sys.stderr)  # fmt: skip
+        values.extend(f"{setting}={value}" for value in given)
+    config: list[str] = args.trace_config
+    return values + config
+
+
 def _microseconds(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -180,6 +201,17 @@ def _log_options(group: Any) -> None:
         "--log-file", metavar="PATH",
         help="append the server's and the models' log lines (their stderr) to this file",
     )  # fmt: skip
+    group.add_argument(
+        "--trace-config", action="append", default=[], metavar="[triton,]SETTING=VALUE",
+        help="Triton's request tracing: level=OFF|TIMESTAMPS|TENSORS (repeatable), rate=N "
+        "(every N-th request), count=N (-1: no limit), mode=triton, triton,file=PATH, "
+        "triton,log-frequency=N (write every N traces to PATH.<n>); repeatable",
+    )  # fmt: skip
+    for name, setting in _DEPRECATED_TRACE.items():  # Triton's older spellings
+        group.add_argument(
+            name, action="append", default=[], metavar="VALUE",
+            help=f"deprecated (as in Triton): --trace-config {setting}=VALUE",
+        )  # fmt: skip
 
 
 def _tuning_options(group: Any) -> None:
@@ -234,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
     if args.log_file:
         _log_to(args.log_file, parser)
+    from dlserve.core.trace_config import parse_trace_config
+
+    try:
+        trace = parse_trace_config(_trace_config(args), os.getcwd())
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname).1s %(name)s: %(message)s"
     )
@@ -267,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,
         grpc_tls=tls,
+        trace=trace,
         cache=cache,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")

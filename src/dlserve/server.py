@@ -59,6 +59,7 @@ class ServerOptions:
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # --log-info/warning/error
     log_file: str = ""  # --log-file
     grpc_tls: TlsOptions | None = None  # --grpc-use-ssl and its files
+    trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config
     cache: CacheSettings | None = None  # --cache-config: the response cache
 
 
@@ -82,6 +83,7 @@ class Server:
             log_levels=options.log_levels,
             log_file=options.log_file,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
+            trace=options.trace,
             cache=options.cache,
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
@@ -89,7 +91,7 @@ class Server:
         self._metrics: HttpServer | None = None
         if options.allow_http:
             app = create_http_app(self.service, options.http_max_input_size)
-            self._http = HttpServer(app, options.host, options.http_port)
+            self._http = HttpServer(app, options.host, options.http_port, timing=self.service.trace)
         if options.allow_metrics:
             metrics = create_metrics_app(self.service)
             self._metrics = HttpServer(metrics, options.host, options.metrics_port)

@@ -4,6 +4,7 @@ as tritonclient parses them."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any, cast
 
 import grpc
@@ -541,12 +542,14 @@ def test_trace_settings_rejected(updates: dict[str, list[str]], error: type[Exce
 
 # -- the server factory ----------------------------------------------------------------
 def test_server_binds_a_free_port_and_refuses_a_taken_one() -> None:
+    unused = cast(InferenceService, SimpleNamespace(trace=TraceSettings()))  # never called
+
     async def bind_twice() -> int:
-        server = create_grpc_server(cast(InferenceService, None), "127.0.0.1", 0)
+        server = create_grpc_server(unused, "127.0.0.1", 0)
         port = await server.start()
         try:
             with pytest.raises(FatalError, match=f"127.0.0.1:{port}"):
-                await create_grpc_server(cast(InferenceService, None), "127.0.0.1", port).start()
+                await create_grpc_server(unused, "127.0.0.1", port).start()
         finally:
             await server.stop(None)
         return port

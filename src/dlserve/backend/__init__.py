@@ -8,7 +8,12 @@ from dlserve.backend.config import ModelConfig
 from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.logger import Logger, LogLevel
 from dlserve.backend.metrics import Metric, MetricFamily, MetricKind
-from dlserve.backend.request import InferenceRequest, InferenceResponse, InferenceResponseSender
+from dlserve.backend.request import (
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    InferenceTrace,
+)
 from dlserve.backend.tensor import Tensor
 from dlserve.backend.utils import (
     TRITONSERVER_MEMORY_CPU,
@@ -78,6 +83,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "LogLevel",
     "Logger",
     "Metric",

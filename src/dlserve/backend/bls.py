@@ -128,6 +128,8 @@ def _named(ref: m.TensorRef, name: str, datatype: str, shape: list[int]) -> m.Te
 
 
 def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.BlsCall:
+    from dlserve.backend.request import InferenceTrace  # request.py imports this module
+
     params = request.parameters()
     timeout = int(request.timeout() or 0)
     return m.BlsCall(
@@ -142,6 +144,7 @@ def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.Bl
         decoupled=decoupled,
         correlation_id=request.correlation_id(),
         flags=int(request.flags()),
+        trace_id=trace._id if isinstance(trace := request.trace(), InferenceTrace) else 0,
     )
 
 

@@ -38,6 +38,25 @@ def _parameters_json(parameters: Mapping[str, Any] | str | None) -> str:
     return json.dumps(dict(parameters))
 
 
+class InferenceTrace:
+    """A request's trace, as ``request.trace()`` returns it (python_backend's class):
+    ``InferenceRequest(..., trace=request.trace())`` traces a BLS call as a child of the
+    request's trace, when the request is traced."""
+
+    __slots__ = ("_id",)
+
+    def __init__(self, trace_id: int = 0) -> None:
+        self._id = trace_id  # the server's trace id; 0: the request is not traced
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The OpenTelemetry context: None, dlserve has only Triton's trace mode."""
+        del mode
+        return None
+
+
+NOT_TRACED = InferenceTrace()
+
+
 def _tensors(tensors: Sequence[Tensor], what: str) -> list[Tensor]:
     kind = type(tensors)
     # a list or tuple (the usual case) needs no look at the Sequence ABC
@@ -114,7 +133,7 @@ class InferenceRequest:
         request._model_name, request._inputs = model_name, inputs
         request._requested_output_names = list(requested_output_names)
         request._request_id, request._correlation_id, request._flags = request_id, 0, 0
-        request._model_version, request._timeout, request._trace = -1, 0, None
+        request._model_version, request._timeout, request._trace = -1, 0, NOT_TRACED
         request._parameters = json.dumps(parameters) if parameters else "{}"
         request._preferred_memory, request._cancelled = None, False
         request._sender, request._poll = None, None
@@ -142,6 +161,7 @@ class InferenceRequest:
         return self._timeout
 
     def trace(self) -> object:
+        """An :class:`InferenceTrace` for a request given to ``execute``."""
         return self._trace
 
     def parameters(self) -> str:

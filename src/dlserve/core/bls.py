@@ -42,6 +42,7 @@ from dlserve.workers.lending import ARENA_OWNERS, return_lent
 
 if TYPE_CHECKING:
     from dlserve.core.service import InferenceService
+    from dlserve.core.tracer import Trace
 
 log = logging.getLogger("dlserve.bls")
 
@@ -99,10 +100,10 @@ class BlsRouter:
                 raise refused
             request, call = self._request(caller, msg, payload)
             if msg.timeout_us <= 0:  # the common case: no extra task on the way
-                await self._run(request, call, msg.decoupled, answer)
+                await self._run(request, call, msg, answer)
                 caller.release_staged(staged)
                 return
-            work = asyncio.ensure_future(self._run(request, call, msg.decoupled, answer))
+            work = asyncio.ensure_future(self._run(request, call, msg, answer))
             done, _ = await asyncio.wait({work}, timeout=msg.timeout_us / 1e6)
             if not done:
                 answer.fail(errors.UnavailableError("Request timeout expired"))
@@ -118,18 +119,31 @@ class BlsRouter:
         caller.release_staged(staged)
 
     async def _run(
-        self, request: InferRequest, call: Call, decoupled: bool, answer: _Answer
+        self, request: InferRequest, call: Call, msg: m.BlsCall, answer: _Answer
     ) -> None:
-        if not decoupled:
+        # trace=request.trace() of a traced request: a child of the caller's trace
+        parent = self.service.tracer.live.get(msg.trace_id) if msg.trace_id else None
+        trace = parent.child(request.model_name) if parent is not None else None
+        try:
+            await self._answer(request, call, msg, answer, trace)
+        finally:
+            if trace is not None:
+                trace.release()
+
+    async def _answer(
+        self, request: InferRequest, call: Call, msg: m.BlsCall, answer: _Answer,
+        trace: Trace | None,
+    ) -> None:  # fmt: skip
+        if not msg.decoupled:
             loaded = self.service.version(request.model_name, request.model_version)
             if loaded.decoupled:
                 raise errors.UnsupportedError(_NOT_DECOUPLED_CALL.format(name=request.model_name))
-            answer.send(await self.service.infer(request, call), None, True)
+            answer.send(await self.service.infer(request, call, trace), None, True)
             return
         key = (id(answer.caller), answer.call)
         self._streams[key] = answer  # its caller gives credit back as it takes responses
         try:
-            await _forward(self.service.infer_stream(request, call), answer)
+            await _forward(self.service.infer_stream(request, call, trace), answer)
         finally:
             del self._streams[key]
 

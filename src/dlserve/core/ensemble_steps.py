@@ -24,16 +24,21 @@ from dlserve.workers.lending import return_lent
 if TYPE_CHECKING:
     from dlserve.core.manager import ModelVersion
     from dlserve.core.service import InferenceService
+    from dlserve.core.tracer import Trace
 
 
 async def run(
-    service: InferenceService, loaded: ModelVersion, request: InferRequest, received: int
-) -> list[OutputTensor]:
-    """An ensemble request: its steps, then the ensemble's own statistics."""
+    service: InferenceService, loaded: ModelVersion, request: InferRequest, received: int,
+    trace: Trace | None = None,
+) -> list[OutputTensor]:  # fmt: skip
+    """An ensemble request: its steps, then the ensemble's own statistics. A traced
+    ensemble request's steps are traced too, as its children."""
     assert loaded.ensemble is not None
     inputs, batch = loaded.validator.check(request)
+    if trace is not None:
+        trace.queued(request, time.monotonic_ns())
     outputs = await run_ensemble(
-        loaded.ensemble, request, inputs, functools.partial(_run_step, service),
+        loaded.ensemble, request, inputs, functools.partial(_run_step, service, trace),
         lends=functools.partial(_lends, service),
     )  # fmt: skip
     total = time.monotonic_ns() - received
@@ -54,36 +59,56 @@ def _lends(service: InferenceService, model: str) -> bool:
 
 
 async def _run_step(
-    service: InferenceService, request: InferRequest, memory: StepMemory
+    service: InferenceService, parent: Trace | None, request: InferRequest, memory: StepMemory
 ) -> tuple[list[OutputTensor], Callable[[], None]]:
     """One ensemble step, counted in its model's statistics; its outputs stay in the
     worker's memory (viewed, or lent) until the returned callable gives them back. A step
-    whose model uses the response cache is answered from it when it can be."""
+    whose model uses the response cache is answered from it when it can be. A traced
+    ensemble request's step is traced as its child."""
+    trace = parent.child(request.model_name) if parent is not None else None
+    try:
+        return await _step(service, trace, request, memory)
+    finally:
+        if trace is not None:
+            trace.release()
+
+
+async def _step(
+    service: InferenceService, trace: Trace | None, request: InferRequest, memory: StepMemory
+) -> tuple[list[OutputTensor], Callable[[], None]]:
     received = time.monotonic_ns()
     loaded = service.version(request.model_name, request.model_version)
     if loaded.ensemble is not None:
-        response = await service.infer(request)
+        response = await service.infer(request, trace=trace)
         return response.outputs, _nothing
-    cache = loaded.cache
-    if cache is None or memory.lend or memory.spans or not cacheable(request):
-        return await _run_model(service, loaded, request, memory, received)
-    release: list[Callable[[], None]] = [_nothing]
+    if trace is not None:
+        trace.started(request.model_name, loaded.version, request.id, received)
+    try:
+        cache = loaded.cache
+        if cache is None or memory.lend or memory.spans or not cacheable(request):
+            return await _run_model(service, loaded, request, memory, received, trace)
+        release: list[Callable[[], None]] = [_nothing]
 
-    async def computed() -> tuple[list[OutputTensor], Parameters]:
-        outputs, release[0] = await _run_model(service, loaded, request, memory, received)
-        return outputs, {}
+        async def computed() -> tuple[list[OutputTensor], Parameters]:
+            outputs, release[0] = await _run_model(
+                service, loaded, request, memory, received, trace
+            )
+            return outputs, {}
 
-    outputs, _ = await cache.outputs(request, received, computed)
-    return outputs, release[0]  # a hit holds nothing of a worker's
+        outputs, _ = await cache.outputs(request, received, computed)
+        return outputs, release[0]  # a hit holds nothing of a worker's
+    finally:
+        if trace is not None:
+            trace.stamp("REQUEST_END", time.monotonic_ns())
 
 
 async def _run_model(
     service: InferenceService, loaded: ModelVersion, request: InferRequest,
-    memory: StepMemory, received: int,
+    memory: StepMemory, received: int, trace: Trace | None,
 ) -> tuple[list[OutputTensor], Callable[[], None]]:  # fmt: skip
     call = Call(lease=_step_lease(service, request, memory.spans), lend=memory.lend)
     try:
-        reply, batch = await service._run(loaded, request, keep=True, call=call)
+        reply, batch = await service._run(loaded, request, keep=True, call=call, trace=trace)
     except errors.DlserveError as exc:
         loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
         raise
@@ -91,6 +116,8 @@ async def _run_model(
     shape = loaded.validator.output_shape
     outputs = [OutputTensor(o.name, o.datatype, shape(o.name, o.shape), o.data, lent=o.lent)
                for o in reply.outputs]  # fmt: skip
+    if trace is not None:
+        trace.computed(reply, outputs)
     worker, held = reply.worker, reply.held
     release_held = (functools.partial(worker.release_outputs, held)
                     if worker is not None and held else _nothing)  # fmt: skip

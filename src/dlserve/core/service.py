@@ -35,7 +35,7 @@ from dlserve.core.response_cache import CacheCollector, ResponseCache, cacheable
 from dlserve.core.stats import failure_reason
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.system_metrics import SystemCollector
-from dlserve.core.trace import TraceSettings
+from dlserve.core.tracer import Trace, Tracer
 from dlserve.types import (
     InferRequest,
     InferResponse,
@@ -75,6 +75,7 @@ class ServiceOptions:
     log_verbose: int = 0  # --log-verbose: the log settings' first verbose level
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # info, warning, error
     log_file: str = ""  # --log-file (the process's stderr already goes there)
+    trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config, as the API's
     cache: CacheSettings | None = None  # --cache-config: the response cache
 
 
@@ -98,7 +99,8 @@ class InferenceService:
         if options.log_levels != (True, True, True):  # the server and every worker from now on
             info, warning, error = options.log_levels
             self._log.update({"log_info": info, "log_warning": warning, "log_error": error})
-        self.trace = TraceSettings()
+        self.tracer = Tracer(options.trace)
+        self.trace = self.tracer.settings
         self.poller: RepositoryPoller | None = None
         if options.model_control_mode == "poll":
             self.poller = RepositoryPoller(
@@ -140,6 +142,7 @@ class InferenceService:
         await self.owners.stop()
         await self.manager.unload_all()
         self.repository.close()
+        self.tracer.close()
 
     # -- health and metadata ------------------------------------------------------------
     def live(self) -> bool:
@@ -227,12 +230,17 @@ class InferenceService:
         return config_to_dict(self.model_config(name, version))
 
     # -- inference ----------------------------------------------------------------------
-    async def infer(self, request: InferRequest, call: Call = NO_CALL) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, call: Call = NO_CALL, trace: Trace | None = None
+    ) -> InferResponse:
         """Run one request of a model that answers once. When its caller is cancelled (the
         client went away), a request still queued leaves the queue without being executed.
-        ``call``: a BLS request's upstream models and the memory its inputs are in."""
+        ``call``: a BLS request's upstream models and the memory its inputs are in.
+        ``trace``: the request's trace, when it is traced (the caller releases it)."""
         received = time.monotonic_ns()
         loaded = self.version(request.model_name, request.model_version)
+        if trace is not None:
+            trace.started(request.model_name, loaded.version, request.id, received)
         if loaded.decoupled:
             raise errors.DecoupledModelError(
                 f"model '{request.model_name}' uses the decoupled transaction policy: use "
@@ -242,10 +250,10 @@ class InferenceService:
         try:
             cache = loaded.cache
             if cache is not None and call is NO_CALL and cacheable(request):
-                run = functools.partial(self._outputs, loaded, request, call, received)
+                run = functools.partial(self._outputs, loaded, request, call, received, trace)
                 outputs, parameters = await cache.outputs(request, received, run)
             else:
-                outputs, parameters = await self._outputs(loaded, request, call, received)
+                outputs, parameters = await self._outputs(loaded, request, call, received, trace)
             if classes:
                 batched = loaded.config.max_batch_size > 0
                 outputs = classification.apply(outputs, classes, batched, loaded.labels)
@@ -255,25 +263,35 @@ class InferenceService:
         except asyncio.CancelledError:
             loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
             raise
+        finally:
+            if trace is not None:
+                trace.stamp("REQUEST_END", time.monotonic_ns())
         return InferResponse(
             request.model_name, str(loaded.version), request.id, outputs, parameters
         )
 
     async def _outputs(
-        self, loaded: ModelVersion, request: InferRequest, call: Call, received: int
-    ) -> tuple[list[OutputTensor], Parameters]:
+        self, loaded: ModelVersion, request: InferRequest, call: Call, received: int,
+        trace: Trace | None = None,
+    ) -> tuple[list[OutputTensor], Parameters]:  # fmt: skip
         """The model's answer to ``request`` (an ensemble's: its steps'), counted."""
         if loaded.ensemble is not None:
-            return await ensemble_steps.run(self, loaded, request, received), {}
-        reply, batch = await self._run(loaded, request, call=call)
+            outputs = await ensemble_steps.run(self, loaded, request, received, trace)
+            if trace is not None:
+                trace.outputs(outputs)
+            return outputs, {}
+        reply, batch = await self._run(loaded, request, call=call, trace=trace)
         self._record(loaded, reply, batch, received)
-        return reply_outputs(loaded, reply), dict(reply.parameters) if reply.parameters else {}
+        outputs = reply_outputs(loaded, reply)
+        if trace is not None:
+            trace.computed(reply, outputs)
+        return outputs, dict(reply.parameters) if reply.parameters else {}
 
     def infer_stream(
-        self, request: InferRequest, call: Call = NO_CALL
+        self, request: InferRequest, call: Call = NO_CALL, trace: Trace | None = None
     ) -> AsyncGenerator[StreamItem, None]:
         """Run a request over a stream: one item per response (see ``streams``)."""
-        return streams.infer_stream(self, request, call)
+        return streams.infer_stream(self, request, call, trace)
 
     @staticmethod
     def _record(loaded: ModelVersion, reply: WorkerReply, batch: int, received: int) -> None:
@@ -292,7 +310,7 @@ class InferenceService:
 
     async def _run(
         self, loaded: ModelVersion, request: InferRequest, *, keep: bool = False,
-        call: Call = NO_CALL,
+        call: Call = NO_CALL, trace: Trace | None = None,
     ) -> tuple[WorkerReply, int]:  # fmt: skip
         """Check the request and run it on an instance: the reply, and the batch size.
 
@@ -308,6 +326,9 @@ class InferenceService:
                 request.id, inputs, outputs, request.parameters, batch, lease, keep=keep,
                 chain=list(call.chain), lend=call.lend,
             )  # fmt: skip
+            if trace is not None:
+                job.item.trace_id = trace.id
+                trace.queued(request, job.enqueued_ns)
             return await loaded.scheduler.run(job), batch
         finally:
             if lease is not None:

@@ -27,6 +27,7 @@ from dlserve.workers.streams import StreamReply, StreamSink
 if TYPE_CHECKING:
     from dlserve.core.manager import ModelVersion
     from dlserve.core.service import InferenceService
+    from dlserve.core.tracer import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +55,24 @@ class StreamItem:
 
 
 async def infer_stream(
-    service: InferenceService, request: InferRequest, call: Call = NO_CALL
-) -> AsyncGenerator[StreamItem, None]:
+    service: InferenceService, request: InferRequest, call: Call = NO_CALL,
+    trace: Trace | None = None,
+) -> AsyncGenerator[StreamItem, None]:  # fmt: skip
     """Run a request over a stream: one item per response, the last one final. A model
     that answers once gives one item; a decoupled model any number. Failures are items
-    (the stream goes on); leaving early marks the request cancelled in the model."""
+    (the stream goes on); leaving early marks the request cancelled in the model.
+    ``trace``: the request's trace, when it is traced (the caller releases it)."""
     try:
         loaded = service.version(request.model_name, request.model_version)
         if not loaded.decoupled:
-            yield StreamItem(await service.infer(request, call), None, True)
+            yield StreamItem(await service.infer(request, call, trace), None, True)
             return
         classes = classification.requested(request) if request.outputs else {}
     except errors.DlserveError as exc:
         yield StreamItem(None, exc, True)
         return
-    async with contextlib.aclosing(_run_decoupled(service, loaded, request, call)) as items:
+    decoupled = _run_decoupled(service, loaded, request, call, trace)
+    async with contextlib.aclosing(decoupled) as items:
         async for item in items:
             yield _classified(item, classes, loaded) if classes else item
 
@@ -89,11 +93,14 @@ def _classified(item: StreamItem, classes: dict[str, int], loaded: ModelVersion)
 
 
 async def _run_decoupled(
-    service: InferenceService, loaded: ModelVersion, request: InferRequest, call: Call
-) -> AsyncGenerator[StreamItem, None]:
+    service: InferenceService, loaded: ModelVersion, request: InferRequest, call: Call,
+    trace: Trace | None,
+) -> AsyncGenerator[StreamItem, None]:  # fmt: skip
     """A decoupled model's request, through its scheduler like any other (queue policies,
     priorities, one ``execute`` at a time per instance); its responses as they come."""
     received = time.monotonic_ns()
+    if trace is not None:
+        trace.started(request.model_name, loaded.version, request.id, received)
     lease = call.lease if call.lease is not None else service.regions.lease(request)
     try:
         inputs, batch = loaded.validator.check(request)
@@ -102,6 +109,9 @@ async def _run_decoupled(
             request.id, inputs, [o.name for o in request.outputs], request.parameters, batch,
             lease, chain=list(call.chain), lend=call.lend,
         )  # fmt: skip
+        if trace is not None:
+            job.item.trace_id = trace.id
+            trace.queued(request, job.enqueued_ns)
         replies: asyncio.Queue[StreamReply] = asyncio.Queue()
         sink = StreamSink(replies.put_nowait, call.lend)
         worker, rid = await loaded.scheduler.run_stream(job, sink)
@@ -114,7 +124,10 @@ async def _run_decoupled(
                 final = each.final
                 if final and each.timings is not None:
                     service._record(loaded, WorkerReply([], each.timings), 1, received)
-                yield _stream_item(loaded, request, each)
+                item = _stream_item(loaded, request, each)
+                if trace is not None:
+                    _trace_response(trace, item, each)
+                yield item
         finally:
             loaded.streams.close(id(sink))
             if not final:  # the consumer left: the model sees is_cancelled()
@@ -122,10 +135,23 @@ async def _run_decoupled(
                 worker.cancel(rid)
     except errors.DlserveError as exc:
         loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
+        if trace is not None:
+            trace.stamp("REQUEST_END", time.monotonic_ns())
         yield StreamItem(None, exc, True)
     finally:
         if lease is not None:
             service.regions.release(lease)
+
+
+def _trace_response(trace: Trace, item: StreamItem, each: StreamReply) -> None:
+    """A decoupled response's outputs (TENSORS); with the final flag, the execution's
+    timestamps and the request's end."""
+    if item.response is not None:
+        trace.outputs(item.response.outputs)
+    if item.final:
+        if each.timings is not None:
+            trace.computed(WorkerReply([], each.timings), ())
+        trace.stamp("REQUEST_END", time.monotonic_ns())
 
 
 def _stream_item(loaded: ModelVersion, request: InferRequest, each: StreamReply) -> StreamItem:

@@ -77,6 +77,7 @@ class Infer(_Msg, tag=2):
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
+    trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
 
 
 class Cancel(_Msg, tag=7):
@@ -168,6 +169,7 @@ class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
+    trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
 
 
 class InferBatch(_Msg, tag=20):
@@ -297,6 +299,7 @@ class BlsCall(_Msg, tag=105):
     chain: list[str] = []  # the models upstream of this call, the caller last
     correlation_id: int | str = 0  # the request's correlation_id() (0: none)
     flags: int = 0  # its flags(): SEQUENCE_START 1, SEQUENCE_END 2
+    trace_id: int = 0  # trace=request.trace(): the caller's trace id (0: not traced)
 
 
 class ControlCall(_Msg, tag=106):

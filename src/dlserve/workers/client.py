@@ -58,6 +58,7 @@ class WorkItem:
     lend: bool = False  # BLS: outputs stay in the worker's memory for the caller to map
     correlation_id: int | str = 0  # the sequence id (0: none)
     flags: int = 0  # SEQUENCE_START 1, SEQUENCE_END 2
+    trace_id: int = 0  # the request's trace (0: not traced): request.trace() names it
 
 
 ReplyCallback = Callable[[Outcome], None]

@@ -276,6 +276,8 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         )
         if msg.flags or msg.correlation_id:  # a sequence's request
             request._correlation_id, request._flags = msg.correlation_id, msg.flags
+        if msg.trace_id:
+            request._trace = pb_utils.InferenceTrace(msg.trace_id)
         if self.iterative:
             request._reschedulable = True
         targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS

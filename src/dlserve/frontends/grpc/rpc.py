@@ -16,6 +16,7 @@ import asyncio
 import base64
 import socket
 import struct
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,7 @@ from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError
 
 if TYPE_CHECKING:
     from dlserve.frontends.grpc.transport import GrpcServer
+    from dlserve.frontends.timing import Traced
 
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
@@ -65,12 +67,14 @@ class Method:
 class Context:
     """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
 
-    __slots__ = ("_headers", "_peer", "_peer_pid")
+    __slots__ = ("_headers", "_peer", "_peer_pid", "opened_ns", "trace")
 
     def __init__(self, peer: str, headers: h2.Headers, peer_pid: int | None) -> None:
         self._peer = peer
         self._headers = headers
         self._peer_pid = peer_pid
+        self.opened_ns = 0  # when the call opened; taken only while tracing is on
+        self.trace: Traced | None = None  # the call's trace: its sending is stamped
 
     def peer(self) -> str:
         """As gRPC writes it: "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path"."""
@@ -190,6 +194,8 @@ class GrpcConnection(h2.Connection):
             return
         call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
                     fields.get("grpc-encoding", "identity"))  # fmt: skip
+        if self.server.timing.active:
+            call.context.opened_ns = time.monotonic_ns()
         self.calls[stream_id] = call
         self.server.calls += 1
         timeout = _timeout(fields.get("grpc-timeout", ""))
@@ -304,11 +310,25 @@ class GrpcConnection(h2.Connection):
             payload = method.serialize(response) if method.serialize is not None else response
         except asyncio.CancelledError:
             self._finish(call, CANCELLED, "Cancelled")
+            self._release_trace(call.context)
             raise
         except Exception as exc:
             self._finish(call, *status_of(exc))
+            self._release_trace(call.context)
         else:
+            trace = call.context.trace
+            if trace is None:
+                self._respond(call, payload, _OK_TRAILERS)
+                return
+            trace.stamp("GRPC_SEND_START", time.monotonic_ns())
             self._respond(call, payload, _OK_TRAILERS)
+            trace.stamp("GRPC_SEND_END", time.monotonic_ns())
+            trace.release()
+
+    @staticmethod
+    def _release_trace(context: Context) -> None:
+        if context.trace is not None:
+            context.trace.release()
 
     async def _run_streaming(self, call: Call) -> None:
         method = call.method

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.core.service import InferenceService
+from dlserve.core.tracer import Trace
 from dlserve.errors import (
     DecoupledModelError,
     DlserveError,
@@ -75,11 +77,25 @@ class GrpcServicer:
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
         parsed = convert.parse_infer_request(request)
         parsed.peer = shm.peer_of(context.peer())
+        trace = self._trace(parsed, context) if context.opened_ns else None
         try:
-            response = await self._service.infer(parsed)
+            response = await self._service.infer(parsed, trace=trace)
         except DecoupledModelError:
             raise UnsupportedError(_INFER_DECOUPLED) from None
+        if trace is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
         return convert.infer_response_parts(response)
+
+    def _trace(self, request: InferRequest, context: Any) -> Trace | None:
+        """The call's trace when its model's setting samples it (tracing was on when the
+        call opened); the transport stamps the sending and releases it."""
+        received = time.monotonic_ns()
+        trace = self._service.tracer.sample(request.model_name)
+        if trace is not None:
+            trace.stamp("GRPC_WAITREAD_START", context.opened_ns)
+            trace.stamp("GRPC_WAITREAD_END", received)
+            context.trace = trace
+        return trace
 
     async def model_stream_infer(
         self, requests: AsyncIterator[memoryview], context: Any
@@ -95,7 +111,9 @@ class GrpcServicer:
         out = Outbox()  # bounded: a slow reader holds the models' sends back
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
-        reader = asyncio.create_task(self._read_stream(requests, window, out, tasks, peer))
+        reader = asyncio.create_task(
+            self._read_stream(requests, window, out, tasks, peer, context.opened_ns)
+        )
         try:
             while (response := await out.get()) is not None:
                 yield response
@@ -107,37 +125,51 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
-        out: Outbox, tasks: set[asyncio.Task[None]], peer: Peer,
+        out: Outbox, tasks: set[asyncio.Task[None]], peer: Peer, waited: int,
     ) -> None:  # fmt: skip
+        """``waited``: while tracing is on, when the stream began waiting for its next
+        request (GRPC_WAITREAD_START of that request's trace)."""
+        timing = self._service.trace
+        if not waited and timing.active:  # turned on since the stream opened
+            waited = time.monotonic_ns()
         try:
             async for data in requests:
                 await window.acquire()
-                task = asyncio.create_task(self._stream_one(data, peer, out, window))
+                one = self._stream_one(data, peer, out, window, waited)
+                task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                waited = time.monotonic_ns() if timing.active else 0
             while tasks:  # the client is done sending: finish what it sent
                 await asyncio.wait(list(tasks))
         finally:
             out.put_nowait(None)
 
     async def _stream_one(
-        self,
-        data: memoryview,
-        peer: Peer,
-        out: Outbox,
-        window: asyncio.Semaphore,
-    ) -> None:
+        self, data: memoryview, peer: Peer, out: Outbox, window: asyncio.Semaphore,
+        waited: int,
+    ) -> None:  # fmt: skip
         request: InferRequest | None = None
+        trace: Trace | None = None
         try:
             request = convert.parse_infer_request(data)
             request.peer = peer
+            if waited:
+                trace = self._stream_trace(request, waited)
             empty_final = bool(request.parameters.pop(EMPTY_FINAL, False))
-            items = self._service.infer_stream(request)
+            items = self._service.infer_stream(request, trace=trace)
             async with contextlib.aclosing(items):
                 async for item in items:
                     message = convert.stream_item(request, item, empty_final)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if trace is None:
                         await out.put(message)
+                        continue
+                    trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
+                    trace.stamp("GRPC_SEND_START", time.monotonic_ns())
+                    await out.put(message)
+                    trace.stamp("GRPC_SEND_END", time.monotonic_ns())
         except Exception as exc:
             if not isinstance(exc, DlserveError):
                 log.exception("gRPC ModelStreamInfer request failed")
@@ -145,6 +177,16 @@ class GrpcServicer:
             out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
         finally:
             window.release()
+            if trace is not None:
+                trace.release()
+
+    def _stream_trace(self, request: InferRequest, waited: int) -> Trace | None:
+        """A stream request's trace, when its model's setting samples it."""
+        trace = self._service.tracer.sample(request.model_name)
+        if trace is not None:
+            trace.stamp("GRPC_WAITREAD_START", waited)
+            trace.stamp("GRPC_WAITREAD_END", time.monotonic_ns())
+        return trace
 
     # -- statistics and repository ------------------------------------------------------
     async def model_statistics(self, request: Any, context: Any) -> Any:
@@ -278,4 +320,6 @@ def create_grpc_server(
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
     replaced)."""
-    return GrpcServer(method_handlers(GrpcServicer(service)), host, port, uds_path, tls)
+    return GrpcServer(
+        method_handlers(GrpcServicer(service)), host, port, uds_path, tls, service.trace
+    )

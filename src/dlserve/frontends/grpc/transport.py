@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from dlserve.errors import FatalError
 from dlserve.frontends.grpc.rpc import GrpcConnection, Method
+from dlserve.frontends.timing import NEVER, Timing
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled calls get to unwind when stop() runs out of time
 
@@ -52,9 +53,10 @@ class TlsOptions:
 class GrpcServer:
     def __init__(
         self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
-        tls: TlsOptions | None = None,
+        tls: TlsOptions | None = None, timing: Timing = NEVER,
     ) -> None:  # fmt: skip
         self.methods = methods  # by path: "/inference.GRPCInferenceService/ModelInfer"
+        self.timing = timing  # tracing on: calls note when they opened
         self.host = host
         self.port = port
         self.uds_path = uds_path

@@ -17,6 +17,7 @@ import base64
 import binascii
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,10 @@ from starlette.routing import Route
 
 from dlserve import errors
 from dlserve.core.service import InferenceService
+from dlserve.core.tracer import Trace
 from dlserve.frontends.http import bodies, convert
 from dlserve.frontends.http.errors import error_body, error_reply
-from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE
+from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, RECEIVED_NS
 from dlserve.frontends.http.generate import GenerateEndpoint
 from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
 from dlserve.types import InferRequest
@@ -89,22 +91,43 @@ class InferEndpoint:
     ) -> None:
         parts: list[bytes | memoryview]
         scope[CANCEL_ON_CLOSE] = True  # a client that goes away leaves the queue
+        received = scope.get(RECEIVED_NS)  # there while tracing is on
+        trace = self._trace(model, received) if received is not None else None
         try:
-            headers = bodies.scan_headers(scope["headers"])
-            client = scope.get("client")
-            status, out, parts = await self._infer(model, version, headers, receive, client)
-        except errors.DlserveError as exc:
-            status, body = error_reply(exc)
-            out, parts = [_JSON], [body]
-        except Exception as exc:  # a bug: answer, log, keep serving
-            log.exception("infer on model '%s' failed", model)
-            status, out, parts = 500, [_JSON], [error_body(f"internal error: {exc!r}")]
-        await send_reply(send, status, out, parts)
+            try:
+                headers = bodies.scan_headers(scope["headers"])
+                client = scope.get("client")
+                status, out, parts = await self._infer(
+                    model, version, headers, receive, client, trace
+                )
+            except errors.DlserveError as exc:
+                status, body = error_reply(exc)
+                out, parts = [_JSON], [body]
+            except Exception as exc:  # a bug: answer, log, keep serving
+                log.exception("infer on model '%s' failed", model)
+                status, out, parts = 500, [_JSON], [error_body(f"internal error: {exc!r}")]
+            if trace is not None:
+                trace.stamp("HTTP_SEND_START", time.monotonic_ns())
+            await send_reply(send, status, out, parts)
+        finally:
+            if trace is not None:
+                trace.stamp("HTTP_SEND_END", time.monotonic_ns())
+                trace.release()
+
+    def _trace(self, model: str, received: int) -> Trace | None:
+        """The request's trace when its model's setting samples it."""
+        trace = self.service.tracer.sample(model)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_START", received)
+        return trace
 
     async def _infer(
-        self, model: str, version: str, headers: bodies.Headers, receive: Receive, client: object
-    ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:
+        self, model: str, version: str, headers: bodies.Headers, receive: Receive, client: object,
+        trace: Trace | None,
+    ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:  # fmt: skip
         body = await bodies.read_body(receive, headers.content_length, self.limit)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END", time.monotonic_ns())
         if headers.content_encoding:
             body = bodies.decompress(body, headers.content_encoding, self.limit)
         length = bodies.header_length(headers.header_length, len(body))
@@ -115,11 +138,13 @@ class InferEndpoint:
             request, plan = InferRequest(model, version, "", [raw], []), convert.OutputPlan(True)
         request.peer = peer_of(client)
         try:
-            response = await self.service.infer(request)
+            response = await self.service.infer(request, trace=trace)
         except errors.DecoupledModelError:
             raise errors.UnsupportedError(
                 "HTTP end point doesn't support models with decoupled transaction policy"
             ) from None
+        if trace is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
         header, blobs = convert.encode_infer_response(response, plan)
         parts: list[bytes | memoryview] = [header, *blobs]
         out = [_OCTETS, (b"inference-header-content-length", str(len(header)).encode())]

@@ -11,13 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 import httptools
 
-from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, HIGH_WATER, Exchange, status_line
+from dlserve.frontends.http.exchange import (
+    CANCEL_ON_CLOSE,
+    HIGH_WATER,
+    RECEIVED_NS,
+    Exchange,
+    status_line,
+)
 
 if TYPE_CHECKING:
     from dlserve.frontends.http.server import HttpServer
@@ -164,6 +171,8 @@ class Connection(asyncio.Protocol):
         parser = self.parser
         keep_alive = parser.should_keep_alive() and not parser.should_upgrade()
         exchange = Exchange(self, self._scope(parser), keep_alive, self.expect)
+        if self.server.timing.active:
+            exchange.scope[RECEIVED_NS] = time.monotonic_ns()
         self.parsing = exchange
         if self.expect or self.chunked or self.content_length > _DEFER_LIMIT:
             self._arrive(exchange)  # the app may refuse the body before it is sent

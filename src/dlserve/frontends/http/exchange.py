@@ -56,6 +56,7 @@ def status_line(status: int) -> bytes:
 # Set in a request's scope by an app whose work should stop when its client goes away (the
 # infer endpoint): closing the connection, even half-closing it, cancels the app's task.
 CANCEL_ON_CLOSE = "dlserve.cancel_on_close"
+RECEIVED_NS = "dlserve.received_ns"  # in the scope while tracing is on: headers' arrival
 
 
 class Exchange:

@@ -22,14 +22,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from dlserve import errors
 from dlserve.core.service import InferenceService
+from dlserve.core.tracer import Trace
 from dlserve.frontends.http import convert
 from dlserve.frontends.http.errors import error_body, error_reply
-from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE
+from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, RECEIVED_NS
 from dlserve.types import InferRequest, InferResponse, InputTensor, Parameters, TensorMetadata
 
 log = logging.getLogger("dlserve.http")
@@ -161,26 +163,43 @@ class GenerateEndpoint:
         params = scope["path_params"]
         model, version = params["model"], params.get("version", "")
         scope[CANCEL_ON_CLOSE] = True  # a client that goes away stops its request
+        received = scope.get(RECEIVED_NS)  # there while tracing is on
+        trace = _sample(self.service, model, received) if received is not None else None
+        try:
+            await self._answer(model, version, scope, receive, send, trace)
+        finally:
+            if trace is not None:
+                trace.release()
+
+    async def _answer(
+        self, model: str, version: str, scope: Scope, receive: Receive, send: Send,
+        trace: Trace | None,
+    ) -> None:  # fmt: skip
         try:
             try:
-                request = await self._request(model, version, scope, receive)
+                request = await self._request(model, version, scope, receive, trace)
             except errors.DlserveError as exc:  # before inference: the usual status
                 status, body = error_reply(exc)
             else:
                 if self.streaming:
-                    await self._stream(request, send)
+                    await self._stream(request, send, trace)
                     return
                 try:
-                    status, body = 200, convert.encode_json(await self._once(request))
+                    answer = await self._once(request, trace)
+                    status, body = 200, convert.encode_json(answer)
                 except errors.DlserveError as exc:  # inference failed: 400, as Triton
                     status, body = FAILED, error_body(exc.message)
         except Exception as exc:  # a bug: answer, log, keep serving
             log.exception("generate on model '%s' failed", model)
             status, body = 500, error_body(f"internal error: {exc!r}")
+        if trace is not None:
+            trace.stamp("HTTP_SEND_START", time.monotonic_ns())
         await _reply(send, status, body)
+        if trace is not None:
+            trace.stamp("HTTP_SEND_END", time.monotonic_ns())
 
     async def _request(
-        self, model: str, version: str, scope: Scope, receive: Receive
+        self, model: str, version: str, scope: Scope, receive: Receive, trace: Trace | None
     ) -> InferRequest:
         for name, value in scope["headers"]:
             if name == b"content-encoding" and value.lower() not in (b"", b"identity"):
@@ -188,13 +207,16 @@ class GenerateEndpoint:
                     "Unsupported content-encoding, only 'identity' is supported."
                 )
         inputs = self.service.model_metadata(model, version).inputs
-        body = convert.parse_json_object(await self.read_body(scope, receive), "generate")
+        raw = await self.read_body(scope, receive)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END", time.monotonic_ns())
+        body = convert.parse_json_object(raw, "generate")
         return parse_generate_request(body, model, version, inputs)
 
-    async def _once(self, request: InferRequest) -> convert.JsonObject:
+    async def _once(self, request: InferRequest, trace: Trace | None) -> convert.JsonObject:
         """The one response of the request (a decoupled model's, too)."""
         responses: list[InferResponse] = []
-        items = self.service.infer_stream(request)
+        items = self.service.infer_stream(request, trace=trace)
         async with contextlib.aclosing(items):
             async for item in items:
                 if item.error is not None:
@@ -203,14 +225,19 @@ class GenerateEndpoint:
                     responses.append(item.response)
         if len(responses) != 1:
             raise errors.InternalError(ONE_RESPONSE)
+        if trace is not None:
+            trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
         return generate_response_json(responses[0])
 
-    async def _stream(self, request: InferRequest, send: Send) -> None:
+    async def _stream(self, request: InferRequest, send: Send, trace: Trace | None) -> None:
         """One event per response; the status is the first response's."""
         started = False
 
         async def event(value: convert.JsonObject, status: int) -> None:
             nonlocal started
+            if trace is not None:
+                trace.stamp("INFER_RESPONSE_COMPLETE", time.monotonic_ns())
+                trace.stamp("HTTP_SEND_START", time.monotonic_ns())
             if not started:
                 started = True
                 start = {"type": "http.response.start", "status": status,
@@ -218,9 +245,11 @@ class GenerateEndpoint:
                 await send(start)
             await send({"type": "http.response.body", "body": _event(value),
                         "more_body": True})  # fmt: skip
+            if trace is not None:
+                trace.stamp("HTTP_SEND_END", time.monotonic_ns())
 
         try:
-            items = self.service.infer_stream(request)
+            items = self.service.infer_stream(request, trace=trace)
             async with contextlib.aclosing(items):
                 async for item in items:
                     if item.error is not None:
@@ -239,6 +268,14 @@ class GenerateEndpoint:
         if not started:  # no response at all
             await send({"type": "http.response.start", "status": 200, "headers": [_EVENTS]})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _sample(service: InferenceService, model: str, received: int) -> Trace | None:
+    """The request's trace when its model's setting samples it."""
+    trace = service.tracer.sample(model)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_START", received)
+    return trace
 
 
 async def _reply(send: Send, status: int, body: bytes) -> None:

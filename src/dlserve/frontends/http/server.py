@@ -31,6 +31,7 @@ from email.utils import formatdate
 from dlserve.errors import FatalError
 from dlserve.frontends.http.connection import Connection
 from dlserve.frontends.http.exchange import HIGH_WATER, App
+from dlserve.frontends.timing import NEVER, Timing
 
 __all__ = ["HIGH_WATER", "App", "HttpServer"]
 
@@ -48,8 +49,10 @@ class HttpServer:
         *,
         max_header_size: int = 64 * 1024,
         server_header: bool = False,
+        timing: Timing = NEVER,
     ) -> None:
         self.app = app
+        self.timing = timing  # tracing on: requests note when their headers arrived
         self.host = host
         self.port = port
         self.max_header_size = max_header_size
