@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,34 @@ def test_new_requests_join_the_executes_of_requests_in_flight(server: RunningSer
     assert got == [("first", 2, 2), ("second", 4, 2)]
 
 
+def test_a_rescheduled_requests_inputs_stay_where_they_are_until_it_is_done(
+    server: RunningServer,
+) -> None:
+    """``first`` (400 KB of DATA: in the input arena) waits, rescheduled, until ``second``
+    shares its executes; the model kept the view of ``first``'s DATA from its first
+    execute. Had that arena space gone back when ``first`` was rescheduled, ``second``'s
+    DATA would have taken it."""
+    results: queue.Queue[Any] = queue.Queue()
+
+    def send(key: str, together: int, value: float) -> None:
+        data = grpcclient.InferInput("DATA", [1, 100_000], "FP32")
+        data.set_data_from_numpy(np.full((1, 100_000), value, np.float32))
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            r = c.infer("iterative_steps", [*steps_input(2), data], request_id=key,
+                        parameters={"together": together})  # fmt: skip
+            results.put((key, r.as_numpy("COUNT").item(), r.as_numpy("SAME").item()))
+
+    first = threading.Thread(target=send, args=("first", 2, 1.0))
+    first.start()
+    second = threading.Thread(target=send, args=("second", 1, 2.0))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert sorted(results.get_nowait() for _ in range(2)) == [
+        ("first", 2, True), ("second", 2, True)
+    ]  # fmt: skip
+
+
 def test_a_decoupled_model_streams_one_response_per_execute(
     client: grpcclient.InferenceServerClient,
 ) -> None:
@@ -114,6 +143,19 @@ def test_a_request_whose_client_leaves_is_not_run_again(
     result = client.infer("iterative_steps", steps_input(1), request_id="after")
     assert result.as_numpy("COUNT").tolist() == [[1]]  # the instance is free for others
     assert executions(client, "iterative_steps")[0] == count + 1  # and nothing else ran
+
+
+def test_a_request_whose_instance_dies_fails_and_the_restarted_instance_serves(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException, match="exited unexpectedly"):
+        client.infer("iterative_steps", steps_input(5), request_id="crash",
+                     parameters={"exit_at": 2})  # fmt: skip
+    deadline = time.monotonic() + 60  # the pool restarts it: readiness says when
+    while not client.is_model_ready("iterative_steps"):
+        assert time.monotonic() < deadline, "the instance was not restarted"
+    result = client.infer("iterative_steps", steps_input(2), request_id="later")
+    assert result.as_numpy("COUNT").tolist() == [[2]]
 
 
 def test_rescheduling_needs_an_iterative_model(client: grpcclient.InferenceServerClient) -> None:

@@ -143,7 +143,7 @@ class IterativeScheduler(Scheduler):
         if job.sent is None:
             return not job.future.done()
         if (sink is None and job.future.done()) or (sink is not None and sink.abandoned):
-            self._leave(job)
+            self._drop(job)
             return False
         if job.sent[0] is not worker:
             self._end(job, errors.WorkerDiedError(
@@ -160,7 +160,7 @@ class IterativeScheduler(Scheduler):
             if outcome[0].timings is not None:
                 self._record_execution(execution, outcome[0].timings)
             if job.future.done():  # its client went away during this execute
-                self._leave(job)
+                self._drop(job)
             self._executed(execution)
         else:
             self._leave(job)  # its slot goes to the backlog before the instance is free
@@ -171,9 +171,18 @@ class IterativeScheduler(Scheduler):
         self._executing.discard(id(job))
         sink = job.sink
         assert sink is not None
-        if not sink.rescheduled or sink.finished or sink.abandoned:
+        if sink.rescheduled and sink.abandoned and not sink.finished:
+            self._drop(job)  # its consumer left: it is not run again
+        elif not sink.rescheduled or sink.finished:
             self._leave(job)
         self._executed(execution)
+
+    def _drop(self, job: Job) -> None:
+        """A rescheduled request that will not run again, between two executes: its slot,
+        and the input memory kept for it."""
+        self._leave(job)
+        if job.sent is not None:
+            job.sent[0].forget(job.sent[1])
 
     def _executed(self, execution: _Execution) -> None:
         execution.remaining -= 1
@@ -182,12 +191,12 @@ class IterativeScheduler(Scheduler):
             self.dispatch()
 
     def _end(self, job: Job, exc: errors.DlserveError) -> None:
-        self._executing.discard(id(job))
+        """Fail a request that is not executing (new, or between two executes)."""
         if job.sink is not None:
             job.sink.end(exc)
         else:
             fail_job(job, exc)
-        self._leave(job)
+        self._drop(job)
 
     # -- queue state, unload ---------------------------------------------------------------
     def _waiting(self) -> int:

@@ -25,7 +25,14 @@ from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
 from dlserve.workers import polling
 from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
-from dlserve.workers.placement import NO_SPANS, Placed, Span, infer_message, place_inputs
+from dlserve.workers.placement import (
+    NO_SPANS,
+    Placed,
+    Span,
+    infer_message,
+    place_inputs,
+    replace_inputs,
+)
 from dlserve.workers.streams import DecoupledStreams, StreamSink
 
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
@@ -72,6 +79,7 @@ class _Pending:
     callback: ReplyCallback
     arena_offsets: list[int]
     stream: StreamSink | None = None  # decoupled: where its responses go
+    refs: list[m.TensorRef] | None = None  # where its inputs were placed (rescheduling)
 
 
 class CallSink(Protocol):
@@ -118,6 +126,7 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         self._start_lending(self.input_segment, self.output_segment)
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
         self._pending: dict[int, _Pending] = {}
+        self._kept: dict[int, _Pending] = {}  # rescheduled, between two executes (inputs)
         self._rids = itertools.count(1)
         self._control: asyncio.Future[m.WorkerToServer] | None = None
         self._release: list[int] = []
@@ -141,8 +150,11 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         if isinstance(msg, m.InferDone):
             pending = self._pending.pop(msg.rid, None)
             if pending is not None:
-                for offset in pending.arena_offsets:
-                    self.input_arena.free(offset)
+                if msg.rescheduled:  # its inputs stay where they are for its next execute
+                    self._kept[msg.rid] = pending
+                else:
+                    for offset in pending.arena_offsets:
+                        self.input_arena.free(offset)
                 pending.callback((msg, payload))
         elif isinstance(msg, m.StreamResponse):
             self._on_stream_response(msg, payload)
@@ -268,32 +280,42 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
         (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
         the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a new
-        one); a decoupled one keeps its stream, and its inputs until its final response."""
+        one): it keeps its inputs where they were placed (and a decoupled one its stream)
+        until it is done, or :meth:`forget` is called."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
         payload: list[memoryview] = []
         inline = 0
         placed: list[Placed] = []
+        pendings: list[_Pending] = []
+        reused: list[int] = []  # rids taken out of _kept
         try:
-            for item in items:
-                refs, inline, offsets = place_inputs(
-                    self.input_arena, item.inputs, item.input_spans, payload, inline
-                )
+            for item, callback in zip(items, callbacks, strict=True):
                 rid = rids[len(placed)] if rids else None
+                earlier = None if rid is None else self._earlier(rid)
+                if earlier is not None and earlier.refs is not None:  # placed already
+                    refs, inline = replace_inputs(earlier.refs, item.inputs, payload, inline)
+                    pending = _Pending(callback, earlier.arena_offsets, earlier.stream, refs)
+                    offsets: list[int] = []
+                    if earlier.stream is None and rid is not None:
+                        reused.append(rid)
+                else:
+                    refs, inline, offsets = place_inputs(
+                        self.input_arena, item.inputs, item.input_spans, payload, inline
+                    )
+                    pending = _Pending(callback, offsets, refs=refs)
                 placed.append((next(self._rids) if rid is None else rid, item, refs, offsets))
+                pendings.append(pending)
         except BaseException:
-            for _, _, _, offsets in placed:
-                for offset in offsets:
+            for (rid, _, _, offsets), pending in zip(placed, pendings, strict=True):
+                for offset in offsets:  # placed now: freed; placed earlier: kept again
                     self.input_arena.free(offset)
+                if rid in reused:
+                    self._kept[rid] = pending
             raise
         sent: list[int] = []
-        for (rid, _, _, offsets), callback in zip(placed, callbacks, strict=True):
-            pending = _Pending(callback, offsets)
-            earlier = self._pending.get(rid) if rids else None
-            if earlier is not None:  # rescheduled, decoupled: its stream, its inputs so far
-                pending.stream = earlier.stream
-                pending.arena_offsets = earlier.arena_offsets + offsets
+        for (rid, _, _, _), pending in zip(placed, pendings, strict=True):
             self._pending[rid] = pending
             sent.append(rid)
         if polling.active():
@@ -303,6 +325,18 @@ class WorkerBase(ArenaLending, DecoupledStreams):
             self._release = []
         channel.send(infer_message(placed, release), payload)
         return sent
+
+    def _earlier(self, rid: int) -> _Pending | None:
+        """A rescheduled request's placement: kept since its InferDone, or (decoupled) its
+        pending entry, which lives until its final response."""
+        return self._kept.pop(rid, None) or self._pending.get(rid)
+
+    def forget(self, rid: int) -> None:
+        """A rescheduled request will not run again: its inputs' arena space goes back."""
+        pending = self._kept.pop(rid, None) or self._pending.pop(rid, None)
+        if pending is not None:
+            for offset in pending.arena_offsets:
+                self.input_arena.free(offset)
 
     def tell(self, message: m.ServerToWorker) -> None:
         """Send a notice that wants no answer (the worker may be between requests or not)."""

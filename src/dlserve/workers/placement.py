@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+import msgspec
+
 from dlserve.ipc import messages as m
 from dlserve.tensors.shm import Arena
 from dlserve.types import ArenaSpan, CudaSpan, InputTensor, RegionSpan
@@ -86,6 +88,22 @@ def place_inputs(
             arena.free(offset)
         raise
     return refs, inline_offset, offsets
+
+
+def replace_inputs(
+    refs: list[m.TensorRef], inputs: list[InputTensor], payload: list[memoryview],
+    inline_offset: int,
+) -> tuple[list[m.TensorRef], int]:  # fmt: skip
+    """A rescheduled request's refs again: what is in the arena or a client region stays
+    where it was placed the first time; inline bytes go into this frame's payload."""
+    again: list[m.TensorRef] = []
+    for ref, tensor in zip(refs, inputs, strict=True):
+        if ref.where == m.Where.PAYLOAD and tensor.data is not None:
+            payload.append(tensor.data)
+            ref = msgspec.structs.replace(ref, offset=inline_offset)
+            inline_offset += ref.nbytes
+        again.append(ref)
+    return again, inline_offset
 
 
 def infer_message(placed: list[Placed], release: list[int]) -> m.Infer | m.InferBatch:
