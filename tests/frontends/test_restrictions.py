@@ -122,3 +122,29 @@ def test_a_non_ascii_value_matches_as_its_utf8_bytes() -> None:
     restriction = Restriction("k", "clé")
     assert restriction.allows_raw([(b"k", "clé".encode())])
     assert restriction.allows([("k", "clé".encode().decode("latin-1"))])  # as HPACK decodes
+
+
+def _scope(method: str, path: str) -> dict[str, Any]:
+    return {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+
+
+def test_the_http_guard_finds_the_route_the_router_takes() -> None:
+    admin, stats = Restriction("a", "1"), Restriction("s", "2")
+    app = HttpApp(NO_SERVICE, 1024, {"model-repository": admin, "statistics": stats})
+    guard = app.guard
+    assert guard is not None
+    assert guard.restriction_of(_scope("GET", "/v2/models/stats")) is stats  # not metadata
+    assert guard.restriction_of(_scope("POST", "/v2/models/stats")) is stats  # wrong method
+    assert guard.restriction_of(_scope("POST", "/v2/repository/models/m/load")) is admin
+    assert guard.restriction_of(_scope("GET", "/v2/repository/models/m/load")) is admin
+    assert guard.restriction_of(_scope("POST", "/v2/models/m/infer")) is None
+    assert guard.restriction_of(_scope("GET", "/no/such/route")) is None
+
+
+def test_the_http_guard_remembers_a_bounded_number_of_paths() -> None:
+    admin = Restriction("a", "1")
+    guard = HttpApp(NO_SERVICE, 1024, {"model-repository": admin}).guard
+    assert guard is not None
+    for n in range(10_000):
+        assert guard.restriction_of(_scope("POST", f"/v2/repository/models/m{n}/load")) is admin
+    assert len(guard._known) <= 4096
