@@ -89,24 +89,31 @@ class Restriction:
 
     header: str
     value: str
-    _name: str = field(init=False, repr=False)  # the header's name in lower case
+    # as they arrive: HPACK-decoded text (latin-1) and raw bytes; names in lower case
+    _name: str = field(init=False, repr=False, compare=False)
+    _text: str = field(init=False, repr=False, compare=False)
+    _raw_name: bytes = field(init=False, repr=False, compare=False)
+    _raw: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_name", self.header.lower())
+        raw_name, raw = self.header.lower().encode(), self.value.encode()
+        for attribute, value in (("_name", raw_name.decode("latin-1")), ("_raw_name", raw_name),
+                                 ("_text", raw.decode("latin-1")), ("_raw", raw)):  # fmt: skip
+            object.__setattr__(self, attribute, value)
 
     def allows(self, headers: Iterable[tuple[str, str]]) -> bool:
-        """Whether ``headers`` (gRPC's, as decoded: latin-1) carry the value."""
+        """Whether ``headers`` (gRPC's, as HPACK decodes them: latin-1) carry the value;
+        the first header of the name counts."""
         for name, value in headers:
             if name.lower() == self._name:
-                return value == self.value.encode().decode("latin-1")
+                return value == self._text
         return False
 
     def allows_raw(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether ``headers`` (ASGI's: bytes) carry the value."""
-        name_bytes = self._name.encode("latin-1", "replace")
         for name, value in headers:
-            if name.lower() == name_bytes:
-                return value == self.value.encode()
+            if name.lower() == self._raw_name:
+                return value == self._raw
         return False
 
     @property
