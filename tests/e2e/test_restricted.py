@@ -13,8 +13,10 @@ membership table).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import queue
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -169,7 +171,9 @@ def grouped_server() -> Iterator[RunningServer]:
     for group in GROUPS:
         options += [f"--grpc-restricted-protocol={group}:{_key(group)}={group}",
                     f"--http-restricted-api={group}:{_key(group).upper()}={group}"]  # fmt: skip
-    with run_server(EXAMPLES, "--model-control-mode", "explicit", *options) as server:
+    with run_server(
+        EXAMPLES, "--model-control-mode", "explicit", "--load-model", "add_sub", *options
+    ) as server:  # fmt: skip
         yield server
 
 
@@ -203,7 +207,8 @@ def test_each_grpc_method_belongs_to_its_group(grouped_server: RunningServer, pa
 
 
 def _http_target(template: str) -> tuple[str, str]:
-    path = template.format(model="add_sub", version="1", region="r")
+    model = "double" if "/repository/" in template else "add_sub"  # add_sub stays loaded
+    path = template.format(model=model, version="1", region="r")
     last = path.rsplit("/", 1)[-1]
     post = last in {"infer", "generate", "generate_stream", "register", "unregister", "index",
                     "load", "unload"}  # fmt: skip
@@ -226,6 +231,40 @@ def test_each_http_route_belongs_to_its_group(grouped_server: RunningServer, tem
     assert response.status != 403, response.read()
     response.read()
     connection.close()
+
+
+def test_restricted_inference_over_tritonclient(grouped_server: RunningServer) -> None:
+    """Streams and the HTTP infer fast path are restricted too; with the header they serve."""
+    grpc_header = {"triton-grpc-protocol-inference-key": "inference"}
+    results: queue.Queue[tuple[object, InferenceServerException | None]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(grouped_server.grpc_url)
+    for headers in (None, grpc_header):
+        client.start_stream(lambda result, error: results.put((result, error)), headers=headers)
+        with contextlib.suppress(InferenceServerException):  # refused already: over
+            client.async_stream_infer("add_sub", _infer_inputs(grpcclient))  # type: ignore[arg-type]
+        result, error = results.get(timeout=30)
+        client.stop_stream()
+        if headers is None:
+            assert error is not None and error.status() == "StatusCode.UNAVAILABLE"
+            assert error.message() == (
+                "This protocol is restricted, expecting header 'triton-grpc-protocol-inference-key'"
+            )
+        else:
+            assert error is None
+            assert result.as_numpy("OUTPUT1").tolist() == [0, 0, 0, 0]  # type: ignore[attr-defined]
+    client.close()
+    http_client = httpclient.InferenceServerClient(grouped_server.http_url)
+    refused = _refused(lambda: http_client.infer("add_sub", _infer_inputs(httpclient)))  # type: ignore[arg-type]
+    assert (refused.status(), refused.message()) == (
+        "403", "This API is restricted, expecting header 'INFERENCE-KEY'",
+    )  # fmt: skip
+    served = http_client.infer(
+        "add_sub",
+        _infer_inputs(httpclient),
+        headers={"inference-key": "inference"},  # type: ignore[arg-type]
+    )
+    assert served.as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+    http_client.close()
 
 
 def test_a_group_given_twice_stops_the_server_with_tritons_message() -> None:
