@@ -19,6 +19,7 @@ from dlserve.frontends.restrictions import (
 )
 
 if TYPE_CHECKING:
+    from dlserve.core.cache_config import CacheSettings
     from dlserve.frontends.grpc.transport import TlsOptions
 
 
@@ -70,6 +71,22 @@ def _grpc_tls(args: argparse.Namespace, parser: argparse.ArgumentParser) -> TlsO
         args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
         args.grpc_use_ssl_mutual,
     )  # fmt: skip
+
+
+def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> CacheSettings | None:
+    """The response cache the options ask for; a bad one stops the server before it starts."""
+    from dlserve.core.cache_config import CacheConfigError, parse_cache_config
+
+    values = list(args.cache_config)
+    if args.response_cache_byte_size is not None:
+        if values:
+            parser.error("Incompatible flags --response-cache-byte-size and --cache-config "
+                         "both provided. Please provide one or the other.")  # fmt: skip
+        values = [f"local,size={args.response_cache_byte_size}"]
+    try:
+        return parse_cache_config(values)
+    except CacheConfigError as exc:
+        parser.error(f"--cache-config: {exc}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,6 +161,15 @@ def _model_options(group: Any) -> None:
         "--strict-model-config", type=_flag, nargs="?", const=True, default=False,
         metavar="BOOL", help="true: the same as --disable-auto-complete-config (Triton's "
         "older spelling; default false)",
+    )  # fmt: skip
+    group.add_argument(
+        "--cache-config", action="append", default=[], metavar="local,size=BYTES",
+        help="the response cache (Triton's syntax, <cache>,<setting>=<value>): 'local', an "
+        "LRU of responses in memory of at most BYTES, for models that enable response_cache",
+    )  # fmt: skip
+    group.add_argument(
+        "--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+        help="deprecated (as in Triton): the same as --cache-config local,size=BYTES",
     )  # fmt: skip
     group.add_argument(
         "--debug", action="store_true",
@@ -238,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     tls = _grpc_tls(args, parser)
+    cache = _cache(args, parser)
     grpc_restrictions, http_restrictions = _restrictions(args, parser)
     if not (args.allow_grpc or args.allow_http):
         parser.error("--allow-grpc and --allow-http are both false: nothing would serve requests")
@@ -279,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,
         grpc_tls=tls,
+        cache=cache,
         grpc_restrictions=grpc_restrictions,
         http_restrictions=http_restrictions,
     )

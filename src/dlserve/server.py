@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlserve.core.cache_config import CacheSettings
 from dlserve.core.manager import REPLY_POLL_US, ManagerOptions
 from dlserve.core.mps import MpsDaemon
 from dlserve.core.owners import OwnerOptions
@@ -59,6 +60,7 @@ class ServerOptions:
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # --log-info/warning/error
     log_file: str = ""  # --log-file
     grpc_tls: TlsOptions | None = None  # --grpc-use-ssl and its files
+    cache: CacheSettings | None = None  # --cache-config: the response cache
     grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
 
@@ -83,6 +85,7 @@ class Server:
             log_levels=options.log_levels,
             log_file=options.log_file,
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
+            cache=options.cache,
         )
         self.service = InferenceService(Repository(options.model_repository), service_options)
         self._http: HttpServer | None = None

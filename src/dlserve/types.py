@@ -212,6 +212,8 @@ class InferenceStats:
     compute_input: DurationStat = DurationStat()
     compute_infer: DurationStat = DurationStat()
     compute_output: DurationStat = DurationStat()
+    cache_hit: DurationStat = DurationStat()
+    cache_miss: DurationStat = DurationStat()
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,7 @@ def normalize(config: Any, name: str, gpu_count: int) -> None:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0")
     _check_tensors(config, name)
     _refuse_unsupported(config, name)
+    _check_response_cache(config, name)
     if config.HasField("sequence_batching"):
         from dlserve.core import sequence_config
 
@@ -136,6 +137,22 @@ def _refuse_unsupported(config: Any, name: str) -> None:
             )
 
 
+def _check_response_cache(config: Any, name: str) -> None:
+    """What Triton refuses in a model that enables the response cache (its messages)."""
+    if not config.response_cache.enable:
+        return
+    if config.HasField("sequence_batching"):
+        raise ConfigError(
+            f"Response Cache does not currently support model {name} with sequence batching "
+            "scheduler. Please disable the response cache."
+        )
+    if config.model_transaction_policy.decoupled:
+        raise ConfigError(
+            f"Response Cache does not currently support model {name} with 'decoupled' "
+            "transaction policy. Please disable the response cache."
+        )
+
+
 def _normalize_ensemble(config: Any, name: str) -> None:
     """An ensemble runs in the server: no backend, no instances of its own."""
     if config.backend:
@@ -143,6 +160,7 @@ def _normalize_ensemble(config: Any, name: str) -> None:
     if config.max_batch_size < 0:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0")
     _check_tensors(config, name)
+    _check_response_cache(config, name)
     del config.instance_group[:]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1

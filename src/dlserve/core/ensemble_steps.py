@@ -1,7 +1,8 @@
 """Running an ensemble's steps through the service (the plan and its data flow are in
 :mod:`dlserve.core.ensemble`): each step is a request of its model, counted in that model's
 statistics; a step's outputs stay in the worker's memory (viewed, or lent by reference)
-until the ensemble request is over."""
+until the ensemble request is over. A step whose model uses the response cache goes
+through it (its tensors then pass through the server: it neither lends nor borrows)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING
 from dlserve import errors
 from dlserve.core.ensemble import Lent, StepMemory, run_ensemble
 from dlserve.core.regions import RegionLease
+from dlserve.core.response_cache import cacheable
 from dlserve.core.stats import failure_reason
 from dlserve.core.streams import Call
-from dlserve.types import InferRequest, OutputTensor
+from dlserve.types import InferRequest, OutputTensor, Parameters
 from dlserve.workers.lending import return_lent
 
 if TYPE_CHECKING:
@@ -32,7 +34,7 @@ async def run(
     inputs, batch = loaded.validator.check(request)
     outputs = await run_ensemble(
         loaded.ensemble, request, inputs, functools.partial(_run_step, service),
-        lends=lambda model: not service.repository.is_ensemble(model),
+        lends=functools.partial(_lends, service),
     )  # fmt: skip
     total = time.monotonic_ns() - received
     loaded.stats.record_request(batch if loaded.config.max_batch_size > 0 else 1,
@@ -41,16 +43,44 @@ async def run(
     return outputs
 
 
+def _lends(service: InferenceService, model: str) -> bool:
+    """Whether a step's model lends and borrows memory between workers: a Python model
+    that does not use the response cache (a cached step's tensors pass through the server,
+    to be hashed and kept)."""
+    if service.repository.is_ensemble(model):
+        return False
+    entry = service.manager.entry(model)
+    return entry is None or all(v.cache is None for v in entry.versions.values())
+
+
 async def _run_step(
     service: InferenceService, request: InferRequest, memory: StepMemory
 ) -> tuple[list[OutputTensor], Callable[[], None]]:
     """One ensemble step, counted in its model's statistics; its outputs stay in the
-    worker's memory (viewed, or lent) until the returned callable gives them back."""
+    worker's memory (viewed, or lent) until the returned callable gives them back. A step
+    whose model uses the response cache is answered from it when it can be."""
     received = time.monotonic_ns()
     loaded = service.version(request.model_name, request.model_version)
     if loaded.ensemble is not None:
         response = await service.infer(request)
         return response.outputs, _nothing
+    cache = loaded.cache
+    if cache is None or memory.lend or memory.spans or not cacheable(request):
+        return await _run_model(service, loaded, request, memory, received)
+    release: list[Callable[[], None]] = [_nothing]
+
+    async def computed() -> tuple[list[OutputTensor], Parameters]:
+        outputs, release[0] = await _run_model(service, loaded, request, memory, received)
+        return outputs, {}
+
+    outputs, _ = await cache.outputs(request, received, computed)
+    return outputs, release[0]  # a hit holds nothing of a worker's
+
+
+async def _run_model(
+    service: InferenceService, loaded: ModelVersion, request: InferRequest,
+    memory: StepMemory, received: int,
+) -> tuple[list[OutputTensor], Callable[[], None]]:  # fmt: skip
     call = Call(lease=_step_lease(service, request, memory.spans), lend=memory.lend)
     try:
         reply, batch = await service._run(loaded, request, keep=True, call=call)

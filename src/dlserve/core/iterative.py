@@ -26,8 +26,9 @@ from dlserve import errors
 from dlserve.core.queues import Job
 from dlserve.core.scheduler import Scheduler, _Execution, fail_job
 from dlserve.core.stats import ModelStats
-from dlserve.workers.client import Outcome, ReplyCallback, WorkerBase, WorkerReply
+from dlserve.workers.client import ReplyCallback, WorkerBase
 from dlserve.workers.pool import WorkerPool
+from dlserve.workers.replies import Outcome, WorkerReply
 
 
 class IterativeScheduler(Scheduler):

@@ -13,33 +13,35 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
 from dlserve.core import classification, warmup
 from dlserve.core import config as cfg
+from dlserve.core.cache_config import check_ensemble_steps
 from dlserve.core.devices import gpu_count
 from dlserve.core.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.core.iterative import IterativeScheduler
 from dlserve.core.metrics import CustomMetrics
 from dlserve.core.repository import ModelSource, Repository, select_versions
+from dlserve.core.response_cache import ResponseCache, model_cache
 from dlserve.core.scheduler import Scheduler
 from dlserve.core.sequences import SequenceScheduler
 from dlserve.core.stats import ModelStats
-from dlserve.core.streams import OpenStreams
 from dlserve.core.validation import RequestValidator
+from dlserve.core.versions import UNLOADED as UNLOADED
+from dlserve.core.versions import ModelEntry as ModelEntry
+from dlserve.core.versions import ModelVersion as ModelVersion
+from dlserve.core.versions import instance_specs
 from dlserve.ipc import messages as m
 from dlserve.types import ModelState
 from dlserve.workers import environments, polling
 from dlserve.workers.client import CallSink, WorkerBase
-from dlserve.workers.pool import InstanceSpec, WorkerPool, spawn_worker
+from dlserve.workers.pool import WorkerPool, spawn_worker
 
 log = logging.getLogger("dlserve.models")
 
@@ -57,85 +59,6 @@ class ManagerOptions:
     auto_complete: bool = True  # call the models' auto_complete_config (Triton's default)
 
 
-@dataclass(slots=True)
-class ModelVersion:
-    """A loaded version: a pool of workers and its scheduler, or an ensemble's plan."""
-
-    name: str
-    version: int
-    config: Any
-    validator: RequestValidator
-    stats: ModelStats
-    pool: WorkerPool | None = None
-    scheduler: Scheduler | None = None
-    ensemble: EnsemblePlan | None = None
-    steps_ready: Callable[[], bool] | None = None  # an ensemble: are its steps ready?
-    labels: dict[str, list[str]] = field(default_factory=dict)  # outputs' label files
-    decoupled: bool = field(init=False)  # from the config, read once
-    streams: OpenStreams = field(default_factory=OpenStreams)  # stop() waits for them
-
-    def __post_init__(self) -> None:
-        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
-
-    @property
-    def ready(self) -> bool:
-        if self.pool is not None:
-            return self.pool.ready
-        return self.steps_ready is not None and self.steps_ready()
-
-    async def stop(self, timeout: float) -> None:
-        """Finish what was accepted (within ``timeout``), then stop the workers. A decoupled
-        request still streaming past the deadline (its client reads too slowly, or not at
-        all, so its model waits for credit) ends with an UNAVAILABLE error."""
-        deadline = time.monotonic() + timeout
-        if self.scheduler is not None:
-            await self.scheduler.drain(timeout)
-        await self.streams.drain(deadline, self.name)
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        if self.pool is not None:
-            await self.pool.stop(timeout)
-
-
-UNLOADED = "unloaded"  # the reason of a model unloaded on request (Triton's word)
-
-
-@dataclass(slots=True)
-class ModelEntry:
-    """A model the server knows: its state, and its versions when loaded."""
-
-    name: str
-    state: ModelState
-    reason: str = ""
-    config: Any = None
-    versions: dict[int, ModelVersion] = field(default_factory=dict)  # newest first
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    path: Path | None = None  # the folder it was loaded from
-
-    def latest_ready(self) -> ModelVersion | None:
-        for version in self.versions.values():
-            if version.ready:
-                return version
-        return None
-
-
-def instance_specs(config: Any) -> list[InstanceSpec]:
-    specs: list[InstanceSpec] = []
-    for group in config.instance_group:
-        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
-            placements = [("GPU", gpu) for gpu in group.gpus]
-        elif group.kind == mc.ModelInstanceGroup.KIND_MODEL:  # the model places itself
-            placements = [("MODEL", 0)]
-        else:
-            placements = [("CPU", 0)]
-        index = 0
-        for kind, device in placements:
-            for _ in range(group.count):
-                specs.append(InstanceSpec(f"{group.name}_{index}", kind, device))
-                index += 1
-    return specs
-
-
 class ModelManager:
     def __init__(
         self,
@@ -143,8 +66,10 @@ class ModelManager:
         options: ManagerOptions,
         custom: CustomMetrics,
         calls: CallSink | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.repository = repository
+        self.cache = cache  # the server's response cache (--cache-config), if any
         self.options = options
         polling.set_busy_poll(options.busy_poll_us, options.reply_poll_us)
         self.custom = custom
@@ -302,7 +227,7 @@ class ModelManager:
         scheduler = kind(source.name, pool, config, stats)
         return ModelVersion(
             source.name, version, config, RequestValidator(config), stats, pool, scheduler,
-            labels=labels,
+            labels=labels, cache=model_cache(self.cache, config, stats),
         )  # fmt: skip
 
     # -- ensembles ----------------------------------------------------------------------
@@ -329,21 +254,18 @@ class ModelManager:
                     f"ensemble '{source.name}' depends on '{step.model_name}' whose required "
                     f"version {step.model_version} is not loaded."
                 )
+        if config.response_cache.enable:  # not over a stateful or decoupled step
+            check_ensemble_steps(source.name, config, lambda m: self.models[m].config)
         steps_ready = functools.partial(self._steps_ready, plan)
         labels = classification.load_labels(config, source.path)
-        versions = {
-            v: ModelVersion(
-                source.name,
-                v,
-                config,
-                RequestValidator(config),
-                ModelStats(source.name, str(v)),
-                ensemble=plan,
-                steps_ready=steps_ready,
-                labels=labels,
-            )
-            for v in select_versions(source, config)
-        }
+        versions: dict[int, ModelVersion] = {}
+        for v in select_versions(source, config):
+            stats = ModelStats(source.name, str(v))
+            cache = model_cache(self.cache, config, stats)
+            versions[v] = ModelVersion(
+                source.name, v, config, RequestValidator(config), stats, ensemble=plan,
+                steps_ready=steps_ready, labels=labels, cache=cache,
+            )  # fmt: skip
         return config, versions
 
     async def _require_step(self, ensemble: str, model: str) -> None:

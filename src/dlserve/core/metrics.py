@@ -66,6 +66,18 @@ _TRITON_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
     ),
 )
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# Triton's per-model response-cache counters: only for models that use the cache.
+_CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model",
+     lambda s: s.cache_hit.count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model",
+     lambda s: s.cache_miss.count),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.cache_miss.ns // 1000),
+)  # fmt: skip
 
 
 class TritonCollector(Collector):
@@ -74,11 +86,7 @@ class TritonCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         all_stats = list(self._stats())
-        for name, doc, value in _TRITON_COUNTERS:
-            metric = Metric(name, doc, "counter")
-            for s in all_stats:
-                metric.add_sample(name, {"model": s.name, "version": s.version}, value(s))
-            yield metric
+        yield from _counters(_TRITON_COUNTERS, all_stats)
         failure = Metric(
             "nv_inference_request_failure",
             "Number of failed inference requests, all batch sizes",
@@ -97,6 +105,20 @@ class TritonCollector(Collector):
         for s in all_stats:
             pending.add_sample(pending.name, {"model": s.name, "version": s.version}, s.pending)
         yield pending
+        cached = [s for s in all_stats if s.cache_enabled]
+        if cached:
+            yield from _counters(_CACHE_COUNTERS, cached)
+
+
+def _counters(
+    families: tuple[tuple[str, str, Callable[[ModelStats], float]], ...],
+    all_stats: list[ModelStats],
+) -> Iterator[Metric]:
+    for name, doc, value in families:
+        metric = Metric(name, doc, "counter")
+        for s in all_stats:
+            metric.add_sample(name, {"model": s.name, "version": s.version}, value(s))
+        yield metric
 
 
 @dataclass(slots=True)

@@ -32,7 +32,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
 from dlserve.core.regions import RegionLease
-from dlserve.workers.client import WorkerBase, WorkerReply, WorkItem
+from dlserve.workers.client import WorkerBase, WorkItem
+from dlserve.workers.replies import WorkerReply
 from dlserve.workers.streams import StreamSink
 
 QUEUE_FULL = "Exceeds maximum queue size"

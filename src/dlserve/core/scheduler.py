@@ -28,9 +28,10 @@ from dlserve.core.sequence_config import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_STA
 from dlserve.core.stats import ModelStats
 from dlserve.ipc import messages as m
 from dlserve.types import InputTensor, Parameters
-from dlserve.workers.client import Outcome, ReplyCallback, WorkerBase, WorkerReply, WorkItem
+from dlserve.workers.client import ReplyCallback, WorkerBase, WorkItem
 from dlserve.workers.placement import NO_SPANS
 from dlserve.workers.pool import WorkerPool
+from dlserve.workers.replies import Outcome, WorkerReply
 from dlserve.workers.streams import StreamSink
 
 log = logging.getLogger("dlserve.scheduler")

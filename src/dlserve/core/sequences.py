@@ -36,8 +36,9 @@ from dlserve.core.sequence_config import (
 )
 from dlserve.core.stats import ModelStats
 from dlserve.types import InputTensor
-from dlserve.workers.client import WorkerReply, WorkItem
+from dlserve.workers.client import WorkItem
 from dlserve.workers.pool import WorkerPool
+from dlserve.workers.replies import WorkerReply
 
 log = logging.getLogger("dlserve.scheduler")
 

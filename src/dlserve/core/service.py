@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.registry import Collector
+
 from dlserve import __version__, errors
 from dlserve.core import classification, cuda_check, ensemble_steps, streams
 from dlserve.core.bls import BlsRouter
+from dlserve.core.cache_config import CacheSettings
 from dlserve.core.config import config_to_dict
 from dlserve.core.log_settings import LogSettings
 from dlserve.core.manager import (
@@ -27,6 +31,7 @@ from dlserve.core.poller import RepositoryPoller
 from dlserve.core.raw_input import raw_input
 from dlserve.core.regions import AllowClientShm, RegionRegistry
 from dlserve.core.repository import Repository
+from dlserve.core.response_cache import CacheCollector, ResponseCache, cacheable
 from dlserve.core.stats import failure_reason
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.system_metrics import SystemCollector
@@ -38,13 +43,15 @@ from dlserve.types import (
     ModelMetadata,
     ModelState,
     ModelStatistics,
+    OutputTensor,
+    Parameters,
     Peer,
     RegionStatus,
     RepositoryEntry,
     ServerMetadata,
     TensorMetadata,
 )
-from dlserve.workers.client import WorkerReply
+from dlserve.workers.replies import WorkerReply
 
 log = logging.getLogger("dlserve")
 
@@ -68,6 +75,7 @@ class ServiceOptions:
     log_verbose: int = 0  # --log-verbose: the log settings' first verbose level
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # info, warning, error
     log_file: str = ""  # --log-file (the process's stderr already goes there)
+    cache: CacheSettings | None = None  # --cache-config: the response cache
 
 
 class InferenceService:
@@ -76,11 +84,16 @@ class InferenceService:
         self.options = options
         self.regions = RegionRegistry(options.allow_client_shm)
         self.owners = RegionOwners([self.regions], options.owners)
-        self.metrics = Metrics(
-            lambda: self.manager.all_stats(), [ReclaimCollector(self.owners), SystemCollector()]
-        )
+        settings = options.cache
+        self.cache = ResponseCache(settings.size) if settings is not None else None
+        collectors: list[Collector] = [ReclaimCollector(self.owners), SystemCollector()]
+        if self.cache is not None:
+            collectors.append(CacheCollector(self.cache))
+        self.metrics = Metrics(lambda: self.manager.all_stats(), collectors)
         self.bls = BlsRouter(self)
-        self.manager = ModelManager(repository, options.manager, self.metrics.custom, self.bls)
+        self.manager = ModelManager(
+            repository, options.manager, self.metrics.custom, self.bls, self.cache
+        )
         self._log = LogSettings(options.log_verbose, options.log_file)
         if options.log_levels != (True, True, True):  # the server and every worker from now on
             info, warning, error = options.log_levels
@@ -225,17 +238,14 @@ class InferenceService:
                 f"model '{request.model_name}' uses the decoupled transaction policy: use "
                 "the streaming endpoint"
             )
-        parameters: dict[str, Any] = {}
         classes = classification.requested(request) if request.outputs else {}
         try:
-            if loaded.ensemble is not None:
-                outputs = await ensemble_steps.run(self, loaded, request, received)
+            cache = loaded.cache
+            if cache is not None and call is NO_CALL and cacheable(request):
+                run = functools.partial(self._outputs, loaded, request, call, received)
+                outputs, parameters = await cache.outputs(request, received, run)
             else:
-                reply, batch = await self._run(loaded, request, call=call)
-                self._record(loaded, reply, batch, received)
-                outputs = reply_outputs(loaded, reply)
-                if reply.parameters:
-                    parameters = dict(reply.parameters)
+                outputs, parameters = await self._outputs(loaded, request, call, received)
             if classes:
                 batched = loaded.config.max_batch_size > 0
                 outputs = classification.apply(outputs, classes, batched, loaded.labels)
@@ -248,6 +258,16 @@ class InferenceService:
         return InferResponse(
             request.model_name, str(loaded.version), request.id, outputs, parameters
         )
+
+    async def _outputs(
+        self, loaded: ModelVersion, request: InferRequest, call: Call, received: int
+    ) -> tuple[list[OutputTensor], Parameters]:
+        """The model's answer to ``request`` (an ensemble's: its steps'), counted."""
+        if loaded.ensemble is not None:
+            return await ensemble_steps.run(self, loaded, request, received), {}
+        reply, batch = await self._run(loaded, request, call=call)
+        self._record(loaded, reply, batch, received)
+        return reply_outputs(loaded, reply), dict(reply.parameters) if reply.parameters else {}
 
     def infer_stream(
         self, request: InferRequest, call: Call = NO_CALL

@@ -53,6 +53,9 @@ class ModelStats:
     cross_device: int = 0  # requests whose CUDA input is on a GPU without an instance
     batches: dict[int, _Batch] = field(default_factory=dict)
     pending: int = 0  # requests waiting in the scheduler's queue now
+    cache_hit: _Duration = field(default_factory=_Duration)  # the response cache's
+    cache_miss: _Duration = field(default_factory=_Duration)
+    cache_enabled: bool = False  # the model uses the server's response cache
 
     def record_success(
         self,
@@ -103,6 +106,20 @@ class ModelStats:
             if ns > 0:
                 duration.ns += ns
 
+    def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
+        """A request answered from the response cache, as Triton counts one: a success
+        (with its queue time) that is not an inference nor an execution, and a hit."""
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(hit_ns)
+
+    def record_cache_miss(self, lookup_ns: int, insert_ns: int) -> None:
+        """A request the cache did not have, executed (already recorded) and then stored:
+        the insertion adds to its duration, as in Triton."""
+        self.cache_miss.add(lookup_ns + insert_ns)
+        if insert_ns > 0:
+            self.success.ns += insert_ns
+
     def record_failure(self, total_ns: int, reason: str) -> None:
         """reason: Triton's failure label (REJECTED, CANCELED, BACKEND, OTHER)."""
         self.fail.add(total_ns)
@@ -117,6 +134,8 @@ class ModelStats:
             compute_input=self.compute_input.frozen(),
             compute_infer=self.compute_infer.frozen(),
             compute_output=self.compute_output.frozen(),
+            cache_hit=self.cache_hit.frozen(),
+            cache_miss=self.cache_miss.frozen(),
         )
         batches = tuple(
             BatchStats(

@@ -20,7 +20,8 @@ from dlserve.core import classification
 from dlserve.core.regions import RegionLease
 from dlserve.core.stats import failure_reason
 from dlserve.types import InferRequest, InferResponse, OutputTensor
-from dlserve.workers.client import WorkerBase, WorkerReply
+from dlserve.workers.client import WorkerBase
+from dlserve.workers.replies import WorkerReply
 from dlserve.workers.streams import StreamReply, StreamSink
 
 if TYPE_CHECKING:

@@ -25,8 +25,9 @@ from dlserve.core.config import ConfigError
 from dlserve.core.validation import RequestValidator
 from dlserve.tensors import dtypes
 from dlserve.types import InferRequest, InputTensor
-from dlserve.workers.client import Outcome, WorkerBase, WorkItem
+from dlserve.workers.client import WorkerBase, WorkItem
 from dlserve.workers.pool import WorkerPool
+from dlserve.workers.replies import Outcome
 
 WARMUP_FOLDER = "warmup"  # in the model's folder, as in Triton
 

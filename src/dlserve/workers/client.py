@@ -22,7 +22,7 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
-from dlserve.types import ArenaSpan, CudaSpan, InputTensor, OutputTensor
+from dlserve.types import InputTensor
 from dlserve.workers import polling
 from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
 from dlserve.workers.placement import (
@@ -33,22 +33,13 @@ from dlserve.workers.placement import (
     place_inputs,
     replace_inputs,
 )
+from dlserve.workers.replies import Outcome, ReplyReading, WorkerReply
 from dlserve.workers.streams import DecoupledStreams, StreamSink
 
 INPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 OUTPUT_ARENA_SIZE: Final = 256 * 1024 * 1024
 REAP_TIMEOUT_S: Final = 1.0  # how long a dead worker's exit status is waited for
 _worker_ids = itertools.count()
-_PAYLOAD: Final = m.Where.PAYLOAD
-
-
-@dataclass(slots=True)
-class WorkerReply:
-    outputs: list[OutputTensor]
-    timings: m.Timings | None
-    parameters: dict[str, m.ParamValue] = field(default_factory=dict)
-    held: list[int] = field(default_factory=list)  # output-arena offsets still viewed
-    worker: WorkerBase | None = None  # whose output arena ``held`` is in
 
 
 @dataclass(slots=True)
@@ -69,8 +60,6 @@ class WorkItem:
     flags: int = 0  # SEQUENCE_START 1, SEQUENCE_END 2
 
 
-# What becomes of one request sent to a worker: its reply frame, or the worker's death.
-Outcome = tuple[m.InferDone, memoryview] | errors.DlserveError
 ReplyCallback = Callable[[Outcome], None]
 
 
@@ -113,7 +102,7 @@ def apply_log_settings(settings: m.LogSettings) -> None:
 MetricSink = Callable[[MetricMessage], m._Msg | None]
 
 
-class WorkerBase(ArenaLending, DecoupledStreams):
+class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
     """Shared logic of both worker kinds; subclasses only start and stop the other side."""
 
     def __init__(self, label: str) -> None:
@@ -347,72 +336,6 @@ class WorkerBase(ArenaLending, DecoupledStreams):
         """These client regions are gone: the worker drops its mappings of them."""
         if self._channel is not None:
             self._channel.send(m.UnmapRegions(regions))
-
-    def read_reply(
-        self, done: m.InferDone, payload: memoryview, *, keep: bool = False, lend: bool = False
-    ) -> WorkerReply:
-        """The reply's outputs; raises the model's error. Outputs in the output arena are
-        copied out, or with ``keep`` viewed in place and listed in ``held`` (give them
-        back with :meth:`release_outputs` once nothing reads them), or with ``lend`` left
-        for a BLS caller to map (``OutputTensor.lent``; it gives them back)."""
-        if done.error_code:
-            raise errors.error_from_worker(done.error, done.error_code)
-        outputs = []
-        held: list[int] = []
-        data: bytes | memoryview | None
-        for ref in done.outputs:
-            where = ref.where
-            if where == _PAYLOAD:  # the usual small output: a view of the frame
-                data = payload[ref.offset : ref.offset + ref.nbytes]
-                outputs.append(OutputTensor(ref.name, ref.datatype, tuple(ref.shape), data))
-                continue
-            lent: ArenaSpan | CudaSpan | None = None
-            if where == m.Where.OUTPUT_ARENA and lend:
-                data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
-            elif where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
-                data = None
-                lent = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes, ref.lend,
-                                self.arena_ids[1])  # fmt: skip
-            elif where == m.Where.OUTPUT_ARENA:
-                view = self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
-                if keep:
-                    data = view
-                    held.append(ref.offset)
-                else:
-                    data = bytes(view)
-                    self._schedule_release(ref.offset)
-            else:
-                data = None
-            shape = tuple(ref.shape)
-            outputs.append(OutputTensor(ref.name, ref.datatype, shape, data, lent=lent))
-        return WorkerReply(outputs, done.timings, done.parameters, held, self if held else None)
-
-    def discard(self, outcome: Outcome) -> None:
-        """A reply nobody will read: its output-arena space (and lent GPU outputs) go back
-        to the worker."""
-        if isinstance(outcome, tuple):
-            outputs = outcome[0].outputs
-            self.release_outputs([r.offset for r in outputs if r.where == m.Where.OUTPUT_ARENA])
-            for ref in outputs:
-                if ref.where == m.Where.CUDA_IPC and ref.lend:
-                    self.release_lent(-ref.lend)
-
-    def release_outputs(self, offsets: list[int]) -> None:
-        for offset in offsets:
-            self._schedule_release(offset)
-
-    def _schedule_release(self, offset: int) -> None:
-        """Output-arena space goes back with the next Infer, or in a Release of its own."""
-        self._release.append(offset)
-        if not self._release_scheduled:
-            self._release_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_release)
-
-    def _flush_release(self) -> None:
-        self._release_scheduled = False
-        if self._release and self._channel is not None:
-            self._channel.send(m.Release(self._release))
-            self._release = []
 
     # -- stop ---------------------------------------------------------------------------
     async def stop(self, timeout: float) -> None:

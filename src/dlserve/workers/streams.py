@@ -14,7 +14,8 @@ from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena
 
 if TYPE_CHECKING:
-    from dlserve.workers.client import WorkerReply, _Pending
+    from dlserve.workers.client import _Pending
+    from dlserve.workers.replies import WorkerReply
 
 
 @dataclass(slots=True)

@@ -52,6 +52,7 @@ def _model_statistics(stats: ModelStatistics) -> Any:
             queue=_duration(infer.queue), compute_input=_duration(infer.compute_input),
             compute_infer=_duration(infer.compute_infer),
             compute_output=_duration(infer.compute_output),
+            cache_hit=_duration(infer.cache_hit), cache_miss=_duration(infer.cache_miss),
         ),
         batch_stats=[
             pb.InferBatchStatistics(

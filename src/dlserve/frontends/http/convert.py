@@ -377,11 +377,11 @@ def statistics_json(stats: list[ModelStatistics]) -> JsonObject:
 
 def _model_stats(s: ModelStatistics) -> JsonObject:
     i = s.inference_stats
-    zero = {"count": 0, "ns": 0}
     inference = {
         "success": _duration(i.success), "fail": _duration(i.fail), "queue": _duration(i.queue),
         "compute_input": _duration(i.compute_input), "compute_infer": _duration(i.compute_infer),
-        "compute_output": _duration(i.compute_output), "cache_hit": zero, "cache_miss": zero,
+        "compute_output": _duration(i.compute_output), "cache_hit": _duration(i.cache_hit),
+        "cache_miss": _duration(i.cache_miss),
     }  # fmt: skip
     batches = [
         {"batch_size": b.batch_size, "compute_input": _duration(b.compute_input),
