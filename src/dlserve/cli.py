@@ -234,14 +234,14 @@ def _access_options(group: Any) -> None:
     groups = ", ".join(GROUPS)
     group.add_argument(
         "--grpc-restricted-protocol", action="append", default=[],
-        metavar="<protocol>[,<protocol>...]:<key>=<value>",
-        help="only calls with the header 'triton-grpc-protocol-<key>: <value>' may use these "
+        metavar="GROUPS:KEY=VALUE",
+        help="only calls with the header 'triton-grpc-protocol-KEY: VALUE' may use these "
         f"groups of RPCs (repeatable; a group in one option only). Groups: {groups}",
     )  # fmt: skip
     group.add_argument(
         "--http-restricted-api", action="append", default=[],
-        metavar="<api>[,<api>...]:<key>=<value>",
-        help="only requests with the header '<key>: <value>' may use these groups of "
+        metavar="GROUPS:KEY=VALUE",
+        help="only requests with the header 'KEY: VALUE' may use these groups of "
         f"routes (repeatable; a group in one option only). Groups: {groups}",
     )  # fmt: skip
 
