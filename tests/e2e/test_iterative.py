@@ -40,10 +40,10 @@ def steps_input(steps: int) -> list[grpcclient.InferInput]:
     return [tensor]
 
 
-def executions(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
-    """(execution_count, successful requests) of ``model``."""
+def executions(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int, int]:
+    """(execution_count, successful requests, inference_count) of ``model``."""
     stats = client.get_inference_statistics(model).model_stats[0]
-    return stats.execution_count, stats.inference_stats.success.count
+    return stats.execution_count, stats.inference_stats.success.count, stats.inference_count
 
 
 def test_a_request_runs_until_the_model_stops_rescheduling_it(
@@ -54,31 +54,47 @@ def test_a_request_runs_until_the_model_stops_rescheduling_it(
     assert result.as_numpy("COUNT").tolist() == [[3]]
     assert result.as_numpy("WIDEST").tolist() == [[1]]
     after = executions(client, "iterative_steps")
-    assert (after[0] - before[0], after[1] - before[1]) == (3, 1)  # 3 executes, 1 request
+    # 3 executes, 1 request, and (as Triton counts them) an inference per execute
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (3, 1, 3)
+
+
+def two_at_once(url: str, *requests: dict[str, Any]) -> dict[str, Any]:
+    """Send two iterative_steps requests from two threads, the first one first (each a dict
+    of infer() arguments with a request_id); their results (or errors) by request id."""
+    results: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def send(arguments: dict[str, Any]) -> None:
+        with grpcclient.InferenceServerClient(url) as c:
+            try:
+                results.put((arguments["request_id"], c.infer("iterative_steps", **arguments)))
+            except InferenceServerException as exc:
+                results.put((arguments["request_id"], exc))
+
+    threads = [threading.Thread(target=send, args=(arguments,)) for arguments in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return dict(results.get_nowait() for _ in requests)
 
 
 def test_new_requests_join_the_executes_of_requests_in_flight(server: RunningServer) -> None:
     """The first request counts an execute only when a second shares it: it finishes only
     if the scheduler batches the new request with the rescheduled one."""
-    results: queue.Queue[Any] = queue.Queue()
+    got = two_at_once(
+        server.grpc_url,
+        {"inputs": steps_input(2), "request_id": "first", "parameters": {"together": 2}},
+        {"inputs": steps_input(4), "request_id": "second", "parameters": {"together": 1}},
+    )
+    outputs = {key: (r.as_numpy("COUNT").item(), r.as_numpy("WIDEST").item())
+               for key, r in got.items()}  # fmt: skip
+    assert outputs == {"first": (2, 2), "second": (4, 2)}
 
-    def send(key: str, steps: int, together: int) -> None:
-        with grpcclient.InferenceServerClient(server.grpc_url) as c:
-            try:
-                r = c.infer("iterative_steps", steps_input(steps), request_id=key,
-                            parameters={"together": together})  # fmt: skip
-                results.put((key, r.as_numpy("COUNT").item(), r.as_numpy("WIDEST").item()))
-            except InferenceServerException as exc:
-                results.put((key, exc, None))
 
-    first = threading.Thread(target=send, args=("first", 2, 2))
-    first.start()
-    second = threading.Thread(target=send, args=("second", 4, 1))
-    second.start()
-    first.join(60)
-    second.join(60)
-    got = sorted(results.get_nowait() for _ in range(2))
-    assert got == [("first", 2, 2), ("second", 4, 2)]
+def data_input(value: float) -> grpcclient.InferInput:
+    data = grpcclient.InferInput("DATA", [1, 100_000], "FP32")
+    data.set_data_from_numpy(np.full((1, 100_000), value, np.float32))
+    return data
 
 
 def test_a_rescheduled_requests_inputs_stay_where_they_are_until_it_is_done(
@@ -88,25 +104,16 @@ def test_a_rescheduled_requests_inputs_stay_where_they_are_until_it_is_done(
     shares its executes; the model kept the view of ``first``'s DATA from its first
     execute. Had that arena space gone back when ``first`` was rescheduled, ``second``'s
     DATA would have taken it."""
-    results: queue.Queue[Any] = queue.Queue()
-
-    def send(key: str, together: int, value: float) -> None:
-        data = grpcclient.InferInput("DATA", [1, 100_000], "FP32")
-        data.set_data_from_numpy(np.full((1, 100_000), value, np.float32))
-        with grpcclient.InferenceServerClient(server.grpc_url) as c:
-            r = c.infer("iterative_steps", [*steps_input(2), data], request_id=key,
-                        parameters={"together": together})  # fmt: skip
-            results.put((key, r.as_numpy("COUNT").item(), r.as_numpy("SAME").item()))
-
-    first = threading.Thread(target=send, args=("first", 2, 1.0))
-    first.start()
-    second = threading.Thread(target=send, args=("second", 1, 2.0))
-    second.start()
-    first.join(60)
-    second.join(60)
-    assert sorted(results.get_nowait() for _ in range(2)) == [
-        ("first", 2, True), ("second", 2, True)
-    ]  # fmt: skip
+    got = two_at_once(
+        server.grpc_url,
+        {"inputs": [*steps_input(2), data_input(1.0)], "request_id": "first",
+         "parameters": {"together": 2}},
+        {"inputs": [*steps_input(2), data_input(2.0)], "request_id": "second",
+         "parameters": {"together": 1}},
+    )  # fmt: skip
+    outputs = {key: (r.as_numpy("COUNT").item(), r.as_numpy("SAME").item())
+               for key, r in got.items()}  # fmt: skip
+    assert outputs == {"first": (2, True), "second": (2, True)}
 
 
 def test_a_decoupled_model_streams_one_response_per_execute(
@@ -129,7 +136,7 @@ def test_a_decoupled_model_streams_one_response_per_execute(
     client.stop_stream()
     assert values == [3, 2, 1, 0]
     stats = client.get_inference_statistics("iterative_countdown").model_stats[0]
-    assert stats.execution_count == 4
+    assert (stats.execution_count, stats.inference_count) == (4, 4)
 
 
 def test_a_request_whose_client_leaves_is_not_run_again(

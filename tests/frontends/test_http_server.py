@@ -274,6 +274,31 @@ def test_disconnect_reaches_a_waiting_app(run: Run) -> None:
     run(scenario())
 
 
+def test_a_broken_chunk_is_answered_400_and_the_app_hears_a_disconnect(run: Run) -> None:
+    got: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while True:  # reads the body as it comes, as the inference route does
+            message = await receive()
+            await got.put(message)
+            if message["type"] == "http.disconnect":
+                return
+
+    async def scenario() -> None:
+        async with serving(app) as (server, port), connect(port) as (reader, writer):
+            writer.write(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"3\r\nabc\r\n")
+            assert (await got.get())["body"] == b"abc"
+            writer.write(b"zz\r\nnot a chunk\r\n")
+            status, headers, body = await read_response(reader)
+            assert (status, headers["connection"], body) == (400, "close", b"Bad Request")
+            assert await reader.read() == b""
+            assert (await got.get())["type"] == "http.disconnect"
+            await until(lambda: not server.connections)
+
+    run(scenario())
+
+
 def test_request_then_half_close_is_answered(run: Run) -> None:
     async def scenario() -> None:
         async with serving(echo) as (_, port), connect(port) as (reader, writer):

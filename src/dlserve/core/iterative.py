@@ -158,6 +158,7 @@ class IterativeScheduler(Scheduler):
     def _on_reply(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
         self._executing.discard(id(job))
         if isinstance(outcome, tuple) and outcome[0].rescheduled:
+            self.stats.inference_count += max(job.batch, 1)  # each execute's, as Triton counts
             if outcome[0].timings is not None:
                 self._record_execution(execution, outcome[0].timings)
             if job.future.done():  # its client went away during this execute
@@ -172,6 +173,8 @@ class IterativeScheduler(Scheduler):
         self._executing.discard(id(job))
         sink = job.sink
         assert sink is not None
+        if sink.rescheduled and not sink.finished:
+            self.stats.inference_count += max(job.batch, 1)  # as for a non-decoupled one
         if sink.rescheduled and sink.abandoned and not sink.finished:
             self._drop(job)  # its consumer left: it is not run again
         elif not sink.rescheduled or sink.finished:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,10 +66,19 @@ class ExecEnv:
     python: Path
     path_dir: Path  # dlserve (and msgspec when the environment has none), for sys.path
 
+    def environment(self) -> dict[str, str]:
+        return isolated_environment()
+
     def command(self, worker_args: list[str]) -> list[str]:
         bootstrap = _BOOTSTRAP.format(path=str(self.path_dir))
         return ["bash", "-c", _LAUNCH, "dlserve-worker", str(self.root), str(self.python),
                 bootstrap, *worker_args]  # fmt: skip
+
+
+def isolated_environment() -> dict[str, str]:
+    """The server's environment variables without PYTHONPATH and PYTHONHOME: they would put
+    the server's packages before the environment's own (the worker adds what it needs)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
 def requested(parameters: object, model_dir: Path) -> str | None:
@@ -125,8 +135,7 @@ class Environments:
     def _extract(self, archive: Path, value: str, model: str) -> Path:
         if self._base is None:
             self._base = Path(tempfile.mkdtemp(prefix="dlserve_python_env_"))
-        root = self._base / str(len(self._prepared))
-        root.mkdir()
+        root = Path(tempfile.mkdtemp(dir=self._base))  # one per archive and version of it
         try:
             with tarfile.open(archive, "r:*") as tar:
                 if hasattr(tarfile, "tar_filter"):  # Python 3.11.4 and newer
@@ -170,7 +179,7 @@ def _probe(root: Path, python: Path, value: str, model: str) -> dict[str, object
     command = ["bash", "-c", _LAUNCH, "probe", str(root), str(python), _PROBE]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+                              stdin=subprocess.DEVNULL, env=isolated_environment())  # fmt: skip
     except (OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(
             f"model '{model}': the Python of {PARAMETER} '{value}' does not run: {exc}"

@@ -41,6 +41,7 @@ class SubprocessWorker(WorkerBase):
             command = [sys.executable, "-m", "dlserve.workers.main", *options]
         else:
             command = self.exec_env.command(options)
+            env = self.exec_env.environment() if env is None else env
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,

@@ -13,7 +13,6 @@ import functools
 import importlib.util
 import inspect
 import json
-import math
 import os
 import sys
 import time
@@ -22,19 +21,16 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from dlserve import backend as pb_utils
 from dlserve.backend import link
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
-from dlserve.tensors import dtypes
 from dlserve.tensors.shm import Arena, ShmSegment, buffer_address
 from dlserve.workers import gpu_bls, gpu_io, rescheduling
 from dlserve.workers.bls_memory import SharedMemoryForBls
 from dlserve.workers.cancellation import Cancellation, upstream
 from dlserve.workers.decoupled import decoupled_execute
+from dlserve.workers.inputs import InputReading
 from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
@@ -71,7 +67,7 @@ def import_model_file(path: str, module_name: str) -> ModuleType:
     return module
 
 
-class ModelRunner(SharedMemoryForBls, Cancellation):
+class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
     """One instance of one model."""
 
     def __init__(self, load: m.Load, arenas: tuple[ShmSegment, ShmSegment]) -> None:
@@ -287,39 +283,6 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
         return request
 
-    def _input_tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
-        where = ref.where
-        if where == m.Where.PAYLOAD:  # the usual small input: a view of the frame
-            dtype = dtypes.BY_WIRE[ref.datatype]
-            if not dtype.is_bytes:
-                array = np.ndarray(ref.shape, dtype.numpy_storage, payload, ref.offset)
-                tensor = pb_utils.Tensor._wrap(ref.name, array, dtype)
-                return self.gpu.place(tensor)
-        elif where == m.Where.CUDA_REGION:
-            return self.gpu.region_input(ref)
-        elif where == m.Where.CUDA_IPC:  # a BLS caller's GPU memory
-            return gpu_bls.input_tensor(ref)
-        tensor = pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
-        return self.gpu.place(tensor)
-
-    def _input_array(
-        self, ref: m.TensorRef, payload: memoryview
-    ) -> tuple[npt.NDArray[Any], dtypes.DType]:
-        dtype = dtypes.BY_WIRE[ref.datatype]
-        if ref.where == m.Where.PAYLOAD:
-            raw = payload[ref.offset : ref.offset + ref.nbytes]
-        elif ref.where == m.Where.CLIENT_REGION:  # writable: the model may write into it
-            raw = self.regions.view(ref, f"input '{ref.name}'")
-            if dtype.is_bytes:
-                return _region_bytes(ref, raw), dtype
-        elif ref.where == m.Where.PEER_ARENA:  # a BLS caller's memory, by reference
-            raw = self.peers.view(ref)
-        else:
-            raw = self.input_arena.buffer[ref.offset : ref.offset + ref.nbytes]
-        if dtype.is_bytes:
-            return dtypes.deserialize_bytes(raw).reshape(ref.shape), dtype
-        return np.frombuffer(raw, dtype=dtype.numpy_storage).reshape(ref.shape), dtype
-
     def _reply(
         self, msg: Item, response: pb_utils.InferenceResponse
     ) -> tuple[m.InferDone, list[memoryview]]:
@@ -386,22 +349,3 @@ class ModelRunner(SharedMemoryForBls, Cancellation):
         self.peers.close()
         self.output_segment.close()
         self.input_arena.close()
-
-
-def _region_bytes(ref: m.TensorRef, raw: memoryview) -> npt.NDArray[Any]:
-    """A BYTES input from a client region, checked here: the server never reads it."""
-    try:
-        items = dtypes.deserialize_bytes(raw)
-    except ValueError as exc:
-        raise TritonError(
-            f"input '{ref.name}' in shared memory is not valid BYTES data: {exc}",
-            TritonError.INVALID_ARG,
-        ) from None
-    expected = math.prod(ref.shape)
-    if items.size != expected:
-        raise TritonError(
-            f"unexpected number of string elements {items.size} for inference input "
-            f"'{ref.name}', expecting {expected}",
-            TritonError.INVALID_ARG,
-        )
-    return items.reshape(ref.shape)

@@ -23,27 +23,48 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Sequence
 from typing import Final, cast
 
 from dlserve.frontends.grpc import hpack_codec
+from dlserve.frontends.grpc.h2_frames import (
+    ACK,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    HIGH_WATER,
+    MAX_FRAME,
+    MAX_HEADER_BLOCK,
+    MAX_WINDOW,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    STREAM_WINDOW,
+    WINDOW_UPDATE,
+    Headers,
+    ProtocolError,
+    StreamState,
+    frame,
+)
+from dlserve.frontends.grpc.h2_out import Sending
 
 log = logging.getLogger("dlserve.grpc")
 
-PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
-WINDOW_UPDATE, CONTINUATION = 8, 9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
-CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x9, 0xB
-
-MAX_WINDOW: Final = 2**31 - 1
-MAX_FRAME: Final = 2**24 - 1  # the largest frame the client may send us
-MAX_HEADER_BLOCK: Final = 2**20  # gRPC's own default limit on metadata is 8 KiB
-HIGH_WATER: Final = 4 * 2**20  # queued bytes of a stream past which its producer waits
 _REPLENISH: Final = 2**30  # give the connection's window back once this much has come
-STREAM_WINDOW: Final = 16 * 2**20  # what a client may send on a stream before we take it
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _SETTING_INITIAL_WINDOW, _SETTING_MAX_FRAME = 0x4, 0x5
 _OUR_SETTINGS: Final = (
@@ -51,50 +72,44 @@ _OUR_SETTINGS: Final = (
     + _SETTING_MAX_FRAME.to_bytes(2, "big") + MAX_FRAME.to_bytes(4, "big")
 )  # fmt: skip
 
-Headers = hpack_codec.Headers
+__all__ = [
+    "ACK",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONTINUATION",
+    "DATA",
+    "END_HEADERS",
+    "END_STREAM",
+    "ENHANCE_YOUR_CALM",
+    "FLOW_CONTROL_ERROR",
+    "FRAME_SIZE_ERROR",
+    "GOAWAY",
+    "HEADERS",
+    "HIGH_WATER",
+    "MAX_FRAME",
+    "MAX_HEADER_BLOCK",
+    "MAX_WINDOW",
+    "NO_ERROR",
+    "PADDED",
+    "PING",
+    "PREFACE",
+    "PRIORITY",
+    "PRIORITY_FLAG",
+    "PROTOCOL_ERROR",
+    "PUSH_PROMISE",
+    "RST_STREAM",
+    "SETTINGS",
+    "STREAM_WINDOW",
+    "WINDOW_UPDATE",
+    "Connection",
+    "Headers",
+    "ProtocolError",
+    "StreamState",
+    "frame",
+]
 
 
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return (len(payload) << 48 | kind << 40 | flags << 32 | stream_id).to_bytes(9, "big") + payload
-
-
-def _bytes_view(piece: memoryview | bytes) -> memoryview | bytes:
-    """A piece of a message as bytes: a typed or shaped view (a tensor's) is recast."""
-    if isinstance(piece, memoryview) and (piece.ndim != 1 or piece.format != "B"):
-        return piece.cast("B")
-    return piece
-
-
-class ProtocolError(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
-class StreamState:
-    """One stream's flow-control and outgoing state, as the connection keeps it."""
-
-    __slots__ = ("drain_waiter", "ended", "header_block", "out", "queued", "recv_pending",
-                 "send_window", "stream_id")  # fmt: skip
-
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.stream_id = stream_id
-        self.send_window = send_window
-        self.recv_pending = 0  # bytes received since the stream's window was last given back
-        self.ended = False  # we have sent END_STREAM (or reset it): nothing more goes out
-        self.header_block: bytearray | None = None  # a block waiting for CONTINUATION
-        # what waits for the client's window: data pieces, or a frame that needs none
-        self.out: deque[memoryview | bytes | tuple[bytes]] = deque()
-        self.queued = 0  # data bytes in ``out``
-        self.drain_waiter: asyncio.Future[None] | None = None  # a producer waiting on it
-
-    def wake(self) -> None:
-        waiter, self.drain_waiter = self.drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-class Connection(asyncio.Protocol):
+class Connection(Sending, asyncio.Protocol):
     """One HTTP/2 connection. Subclasses answer the ``stream_*`` calls."""
 
     def __init__(self) -> None:
@@ -339,105 +354,6 @@ class Connection(asyncio.Protocol):
             self._flush(stream)
 
     # -- frames out -----------------------------------------------------------------------
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
-
-    def send(
-        self, stream_id: int, head: bytes, data: Sequence[memoryview | bytes] = (),
-        tail: bytes | None = None,
-    ) -> None:  # fmt: skip
-        """Send on a stream: ``head`` (frames that need no window, already built), then
-        ``data`` as DATA frames as the windows allow, then ``tail`` (a header block, sent
-        as trailers with END_STREAM). The stream ends with ``tail``."""
-        stream = self.streams.get(stream_id)
-        if stream is None or stream.ended or self.transport is None:
-            return
-        data = [_bytes_view(piece) for piece in data]
-        size = sum(len(piece) for piece in data)
-        if not stream.out and size <= min(self._send_window, stream.send_window,
-                                          self._peer_max_frame):  # fmt: skip
-            out: list[bytes | memoryview] = [head] if head else []
-            if size:
-                self._send_window -= size
-                stream.send_window -= size
-                out.append((size << 48 | stream_id).to_bytes(9, "big"))  # a DATA frame
-                out.extend(data)
-            if tail is not None:
-                out.append(frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail))
-                self._end(stream)
-            self.transport.writelines(out)
-            return
-        if head:
-            stream.out.append((head,))
-        stream.out.extend(memoryview(piece) for piece in data if len(piece))
-        stream.queued += size
-        if tail is not None:
-            stream.out.append((frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail),))
-        self._flush(stream)
-
-    async def drained(self, stream_id: int) -> None:
-        """Wait while more than ``HIGH_WATER`` bytes of the stream wait for the client's
-        window: a producer (a streaming call's responses) goes no faster than its reader."""
-        stream = self.streams.get(stream_id)
-        while stream is not None and stream.queued > HIGH_WATER and self.transport is not None:
-            stream.drain_waiter = asyncio.get_running_loop().create_future()
-            await stream.drain_waiter
-
-    def stop_reading(self, stream_id: int) -> None:
-        """After the response has gone: tell a client still sending that we need no more
-        (RST_STREAM NO_ERROR, RFC 9113 8.1). Not while the response still waits for window."""
-        if stream_id not in self.streams:
-            self._write(frame(RST_STREAM, 0, stream_id, bytes(4)))
-
-    def _end(self, stream: StreamState) -> None:
-        """We have sent the stream's END_STREAM: it is gone."""
-        stream.ended = True
-        self._blocked.pop(stream.stream_id, None)
-        self.streams.pop(stream.stream_id, None)
-        stream.wake()
-
-    def _flush(self, stream: StreamState) -> None:
-        out: list[bytes | memoryview] = []
-        queue = stream.out
-        while queue:
-            piece = queue[0]
-            if isinstance(piece, tuple):
-                queue.popleft()
-                out.append(piece[0])
-                if piece[0][3] == HEADERS and piece[0][4] & END_STREAM:
-                    self._end(stream)
-                continue
-            budget = min(self._send_window, stream.send_window, self._peer_max_frame)
-            if budget <= 0:
-                self._blocked[stream.stream_id] = stream
-                break
-            pieces: list[memoryview] = []
-            size = 0
-            while queue and not isinstance(queue[0], tuple) and size < budget:
-                view = cast(memoryview, queue.popleft())
-                if size + len(view) > budget:
-                    queue.appendleft(view[budget - size :])
-                    view = view[: budget - size]
-                pieces.append(view)
-                size += len(view)
-            self._send_window -= size
-            stream.send_window -= size
-            stream.queued -= size
-            out.append((size << 48 | stream.stream_id).to_bytes(9, "big"))
-            out.extend(pieces)
-        if out and self.transport is not None:
-            self.transport.writelines(out)
-        if stream.queued <= HIGH_WATER:
-            stream.wake()
-
-    def _flush_blocked(self) -> None:
-        for stream in list(self._blocked.values()):
-            if self._send_window <= 0:
-                return
-            del self._blocked[stream.stream_id]
-            self._flush(stream)
-
     # -- ending the connection ------------------------------------------------------------
     def go_away(self) -> None:
         """Tell the client to open no more streams; the open ones go on."""

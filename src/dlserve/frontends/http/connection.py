@@ -262,15 +262,21 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, status: int, reason: bytes) -> None:
         """A request that cannot be parsed: answer ``status`` after the in-flight
-        responses and close. A body broken while its app reads it closes at once."""
+        responses and close. A body broken while its app reads it (a bad chunk): the app
+        hears a disconnect, and the client gets ``status`` if nothing of the response has
+        gone yet."""
         exchange, self.parsing = self.parsing, None
-        if exchange is not None and exchange.arrived:
-            self.close()
-            return
         self.error = b"".join((
             status_line(status), b"content-type: text/plain\r\ncontent-length: ",
             str(len(reason)).encode(), b"\r\nconnection: close\r\n\r\n", reason,
         ))  # fmt: skip
+        if exchange is not None and exchange.arrived:
+            if exchange is self.active and not exchange.head_written:
+                exchange.response_complete = True  # what the app sends now is dropped
+                self.write(self.error)
+            exchange.disconnect()
+            self.close()
+            return
         if self.active is None:
             self.write(self.error)
             self.close()
