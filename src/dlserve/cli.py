@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlserve import __version__
+from dlserve.frontends.restrictions import (
+    GROUPS,
+    GRPC_HEADER_PREFIX,
+    RestrictionOptionError,
+    Restrictions,
+    parse_options,
+)
 
 if TYPE_CHECKING:
     from dlserve.core.cache_config import CacheSettings
@@ -114,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     _log_options(serve.add_argument_group("logging"))
     _tuning_options(serve.add_argument_group("shared memory, latency, GPUs"))
     _tls_options(serve.add_argument_group("gRPC over TLS (Triton's options)"))
+    _access_options(serve.add_argument_group("endpoint access (Triton's options)"))
     return parser
 
 
@@ -254,11 +262,42 @@ def _tls_options(group: Any) -> None:
                        help="mutual TLS: the certificate clients' must chain to (PEM)")  # fmt: skip
 
 
+def _access_options(group: Any) -> None:
+    groups = ", ".join(GROUPS)
+    group.add_argument(
+        "--grpc-restricted-protocol", action="append", default=[],
+        metavar="GROUPS:KEY=VALUE",
+        help="only calls with the header 'triton-grpc-protocol-KEY: VALUE' may use these "
+        f"groups of RPCs (repeatable; a group in one option only). Groups: {groups}",
+    )  # fmt: skip
+    group.add_argument(
+        "--http-restricted-api", action="append", default=[],
+        metavar="GROUPS:KEY=VALUE",
+        help="only requests with the header 'KEY: VALUE' may use these groups of "
+        f"routes (repeatable; a group in one option only). Groups: {groups}",
+    )  # fmt: skip
+
+
+def _restrictions(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
+    Restrictions, Restrictions
+]:  # fmt: skip
+    """The gRPC and HTTP restricted groups; a bad value is a usage error (Triton's text)."""
+    try:
+        return (
+            parse_options(args.grpc_restricted_protocol, "grpc-restricted-protocol",
+                          "protocol", GRPC_HEADER_PREFIX),
+            parse_options(args.http_restricted_api, "http-restricted-api", "api"),
+        )  # fmt: skip
+    except RestrictionOptionError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     tls = _grpc_tls(args, parser)
     cache = _cache(args, parser)
+    grpc_restrictions, http_restrictions = _restrictions(args, parser)
     if not (args.allow_grpc or args.allow_http):
         parser.error("--allow-grpc and --allow-http are both false: nothing would serve requests")
     level = logging.DEBUG if args.log_verbose else logging.INFO
@@ -307,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         grpc_tls=tls,
         trace=trace,
         cache=cache,
+        grpc_restrictions=grpc_restrictions,
+        http_restrictions=http_restrictions,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

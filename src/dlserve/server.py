@@ -26,6 +26,7 @@ from dlserve.frontends.grpc.transport import TlsOptions
 from dlserve.frontends.http.app import create_http_app
 from dlserve.frontends.http.metrics import create_metrics_app
 from dlserve.frontends.http.server import HttpServer
+from dlserve.frontends.restrictions import Restrictions
 
 log = logging.getLogger("dlserve")
 
@@ -61,6 +62,8 @@ class ServerOptions:
     grpc_tls: TlsOptions | None = None  # --grpc-use-ssl and its files
     trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config
     cache: CacheSettings | None = None  # --cache-config: the response cache
+    grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
+    http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
 
 
 class Server:
@@ -90,7 +93,9 @@ class Server:
         self._http: HttpServer | None = None
         self._metrics: HttpServer | None = None
         if options.allow_http:
-            app = create_http_app(self.service, options.http_max_input_size)
+            app = create_http_app(
+                self.service, options.http_max_input_size, options.http_restrictions
+            )
             self._http = HttpServer(app, options.host, options.http_port, timing=self.service.trace)
         if options.allow_metrics:
             metrics = create_metrics_app(self.service)
@@ -114,7 +119,7 @@ class Server:
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
                 self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds,
-                self.options.grpc_tls,
+                self.options.grpc_tls, self.options.grpc_restrictions,
             )  # fmt: skip
             self.ports["grpc_port"] = await self._grpc.start()
         if self._http is not None:

@@ -27,6 +27,7 @@ import grpc
 
 from dlserve.frontends.grpc import h2, hpack_codec
 from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError, status_of
+from dlserve.frontends.restrictions import Restriction
 
 if TYPE_CHECKING:
     from dlserve.frontends.grpc.transport import GrpcServer
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
+UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]
 RESOURCE_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 MAX_MESSAGE: Final = 2**31 - 1  # as Triton: protobuf's own limit
 _TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
@@ -62,6 +64,7 @@ class Method:
     streaming: bool = False
     deserialize: Callable[[memoryview], Any] | None = None
     serialize: Callable[[Any], bytes] | None = None
+    restriction: Restriction | None = None  # the header its calls must carry, if any
 
 
 class Context:
@@ -191,6 +194,9 @@ class GrpcConnection(h2.Connection):
             return
         if not fields.get("content-type", "").startswith("application/grpc"):
             self._refuse(stream_id, UNIMPLEMENTED, "not a gRPC request", end_stream)
+            return
+        if method.restriction is not None and not method.restriction.allows(headers):
+            self._refuse(stream_id, UNAVAILABLE, method.restriction.grpc_message, end_stream)
             return
         call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
                     fields.get("grpc-encoding", "identity"))  # fmt: skip

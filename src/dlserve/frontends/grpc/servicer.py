@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Final
 
 from tritonclient.grpc import service_pb2 as pb
@@ -31,6 +32,7 @@ from dlserve.frontends.grpc.errors import error_message
 from dlserve.frontends.grpc.outbox import Outbox
 from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer, TlsOptions
+from dlserve.frontends.restrictions import GRPC_METHOD_GROUPS, Restrictions, group_of
 from dlserve.types import InferRequest, Peer
 
 log = logging.getLogger("dlserve.grpc")
@@ -313,13 +315,21 @@ def method_handlers(s: GrpcServicer) -> dict[str, Method]:
     return methods
 
 
+def restrict(methods: dict[str, Method], restrictions: Restrictions) -> dict[str, Method]:
+    """``methods`` with each restricted group's header attached to its methods."""
+    out = {}
+    for path, method in methods.items():
+        restriction = restrictions.get(group_of(GRPC_METHOD_GROUPS, path))
+        out[path] = method if restriction is None else replace(method, restriction=restriction)
+    return out
+
+
 def create_grpc_server(
     service: InferenceService, host: str, port: int, uds_path: str | None = None,
-    tls: TlsOptions | None = None,
+    tls: TlsOptions | None = None, restrictions: Restrictions | None = None,
 ) -> GrpcServer:  # fmt: skip
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
-    replaced)."""
-    return GrpcServer(
-        method_handlers(GrpcServicer(service)), host, port, uds_path, tls, service.trace
-    )
+    replaced); ``restrictions``: groups of methods that only calls with a header may use."""
+    methods = restrict(method_handlers(GrpcServicer(service)), restrictions or {})
+    return GrpcServer(methods, host, port, uds_path, tls, service.trace)

@@ -35,7 +35,9 @@ from dlserve.frontends.http import bodies, convert
 from dlserve.frontends.http.errors import error_body, error_reply
 from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, RECEIVED_NS
 from dlserve.frontends.http.generate import GenerateEndpoint
+from dlserve.frontends.http.restrict import RouteGuard
 from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
+from dlserve.frontends.restrictions import Restrictions
 from dlserve.types import InferRequest
 
 log = logging.getLogger("dlserve.http")
@@ -52,9 +54,13 @@ _JOIN_LIMIT = 64 * 1024  # below this, one joined body beats several sends
 _OPENAPI = Path(__file__).resolve().parents[4] / "docs" / "openapi.json"
 
 
-def create_http_app(service: InferenceService, max_input_size: int = 64 * 2**20) -> HttpApp:
-    """The ASGI app that serves ``service`` over HTTP."""
-    return HttpApp(service, max_input_size)
+def create_http_app(
+    service: InferenceService, max_input_size: int = 64 * 2**20,
+    restrictions: Restrictions | None = None,
+) -> HttpApp:  # fmt: skip
+    """The ASGI app that serves ``service`` over HTTP; ``restrictions``: groups of routes
+    that only requests with a header may use."""
+    return HttpApp(service, max_input_size, restrictions or {})
 
 
 # --- the hot path -----------------------------------------------------------------------
@@ -175,15 +181,21 @@ def _versioned(path: str, endpoint: Any, methods: list[str]) -> list[Route]:
 class HttpApp:
     """The ASGI app: the infer fast path, then the Starlette router for the rest."""
 
-    def __init__(self, service: InferenceService, max_input_size: int) -> None:
+    def __init__(
+        self, service: InferenceService, max_input_size: int, restrictions: Restrictions
+    ) -> None:
         self.service = service
         self.limit = max_input_size
         self.infer = InferEndpoint(service, max_input_size)
-        self.router = Starlette(routes=self._routes(), exception_handlers={
+        routes = self._routes()
+        self.router = Starlette(routes=routes, exception_handlers={
             errors.DlserveError: _dlserve_error, HTTPException: _http_error,
         })  # fmt: skip
+        self.guard = RouteGuard(routes, restrictions) if restrictions else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.guard is not None and await self.guard.refused(scope, send):
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _INFER_PATH.fullmatch(scope["path"])
             if match is not None:
