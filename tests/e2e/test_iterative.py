@@ -71,7 +71,13 @@ def two_at_once(url: str, *requests: dict[str, Any]) -> dict[str, Any]:
                 results.put((arguments["request_id"], exc))
 
     threads = [threading.Thread(target=send, args=(arguments,)) for arguments in requests]
-    for thread in threads:
+    with grpcclient.InferenceServerClient(url) as watcher:
+        before = executions(watcher, "iterative_steps")[0]
+        threads[0].start()
+        deadline = time.monotonic() + 60  # the first runs (alone) before the second is sent
+        while executions(watcher, "iterative_steps")[0] == before:
+            assert time.monotonic() < deadline, "the first request did not start"
+    for thread in threads[1:]:
         thread.start()
     for thread in threads:
         thread.join(60)
