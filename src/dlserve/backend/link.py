@@ -66,24 +66,31 @@ class WorkerLink:
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
-        self.send_many(((message, payload),))
-
-    def send_many(self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
-        """Send frames, several in one system call (the replies of one execute: the server
-        wakes once for them); raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                if len(frames) == 1:
-                    self._channel.send(*frames[0])
-                else:
-                    self._channel.send_many(frames)
-                if self._peer_releases:
-                    self._channel.send(self._take_peer_releases())
-                while self._call_stops:
-                    self._channel.send(m.BlsCredit(self._call_stops.popleft(), stop=True))
+                self._channel.send(message, payload)
+                self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
+
+    def send_many(self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
+        """Send frames in one system call (the replies of one execute: the server wakes
+        once for them); raises ChannelClosed when the server has gone away."""
+        with self._send_lock:
+            try:
+                self._channel.send_many(frames)
+                self._send_pending()
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                self._closed = True
+                raise ChannelClosed(f"connection closed: {exc}") from None
+
+    def _send_pending(self) -> None:
+        """What waits to ride along with a frame: peer releases, BLS call stops."""
+        if self._peer_releases:
+            self._channel.send(self._take_peer_releases())
+        while self._call_stops:
+            self._channel.send(m.BlsCredit(self._call_stops.popleft(), stop=True))
 
     def release_peer(self, arena: int, offset: int) -> None:
         """A BLS output mapped from another worker's arena is gone: its space goes back
