@@ -6,14 +6,14 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.registry import Collector
 
 from dlserve import __version__, errors
-from dlserve.core import classification, cuda_check, ensemble_steps, streams
+from dlserve.core import classification, ensemble_steps, streams
 from dlserve.core.bls import BlsRouter
 from dlserve.core.cache_config import CacheSettings
 from dlserve.core.config import config_to_dict
@@ -32,6 +32,7 @@ from dlserve.core.raw_input import raw_input
 from dlserve.core.regions import AllowClientShm, RegionRegistry
 from dlserve.core.repository import Repository
 from dlserve.core.response_cache import CacheCollector, ResponseCache, cacheable
+from dlserve.core.service_api import RepositoryApi, SharedMemoryApi
 from dlserve.core.stats import failure_reason
 from dlserve.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.core.system_metrics import SystemCollector
@@ -45,9 +46,6 @@ from dlserve.types import (
     ModelStatistics,
     OutputTensor,
     Parameters,
-    Peer,
-    RegionStatus,
-    RepositoryEntry,
     ServerMetadata,
     TensorMetadata,
 )
@@ -79,10 +77,11 @@ class ServiceOptions:
     cache: CacheSettings | None = None  # --cache-config: the response cache
 
 
-class InferenceService:
+class InferenceService(SharedMemoryApi, RepositoryApi):
     def __init__(self, repository: Repository, options: ServiceOptions) -> None:
         self.repository = repository
         self.options = options
+        self.model_control_mode = options.model_control_mode
         self.regions = RegionRegistry(options.allow_client_shm)
         self.owners = RegionOwners([self.regions], options.owners)
         settings = options.cache
@@ -334,39 +333,6 @@ class InferenceService:
             if lease is not None:
                 self.regions.release(lease)
 
-    # -- system and CUDA shared memory --------------------------------------------------
-    def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
-        return self.regions.status(name, cuda)
-
-    async def register_shm(
-        self, name: str, key: str, offset: int, byte_size: int, peer: Peer
-    ) -> None:
-        """Register the region; it belongs to the local process that asked, if one can be
-        told (``core/owners.py``), and is reclaimed when that process exits."""
-        self.regions.check_new(name, peer)  # before the owner is looked for
-        owners = await self.owners.owners_of(peer)
-        self.regions.register(name, key, offset, byte_size, peer, owners)
-        self.owners.watch(owners)
-
-    async def register_cuda_shm(
-        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, peer: Peer
-    ) -> None:
-        """Register a CUDA region once its handle is checked (off the event loop: the
-        first open creates the server's CUDA context); it belongs to the local process that
-        asked, as a system region does."""
-        self.regions.check_new(name, peer, "cuda shared memory")
-        cuda_check.check_handle_bytes(raw_handle)
-        owners = await self.owners.owners_of(peer)
-        await asyncio.to_thread(
-            cuda_check.check_registration, name, raw_handle, device_id, byte_size
-        )
-        self.regions.add_cuda(name, raw_handle, device_id, byte_size, owners)
-        self.owners.watch(owners)
-
-    def unregister_shm(self, name: str, peer: Peer, cuda: bool = False) -> None:
-        """Unregister ``name``, or every region of the kind when it is ""."""
-        self.regions.unregister(name, peer, cuda)
-
     # -- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         if name:
@@ -377,52 +343,6 @@ class InferenceService:
                 return [v.stats.snapshot() for v in entry.versions.values()]
             return [self.version(name, version).stats.snapshot()]
         return [s.snapshot() for s in self.manager.all_stats()]
-
-    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
-        result: list[RepositoryEntry] = []
-        for name in sorted(set(self.repository.model_names()) | set(self.manager.models)):
-            entry = self.manager.entry(name)
-            if entry is None:
-                if not ready_only:
-                    result.append(RepositoryEntry(name, "", None, ""))
-                continue
-            result.extend(self._index_rows(entry, ready_only))
-        return result
-
-    @staticmethod
-    def _index_rows(entry: ModelEntry, ready_only: bool) -> list[RepositoryEntry]:
-        if entry.versions:
-            return [
-                RepositoryEntry(
-                    entry.name,
-                    str(v),
-                    entry.state if mv.ready else ModelState.UNAVAILABLE,
-                    entry.reason,
-                )
-                for v, mv in sorted(entry.versions.items())
-                if not ready_only or (mv.ready and entry.state == ModelState.READY)
-            ]
-        if ready_only:
-            return []
-        return [RepositoryEntry(entry.name, "", entry.state, entry.reason)]
-
-    def _check_explicit(self) -> None:
-        if self.options.model_control_mode != "explicit":
-            raise errors.UnavailableError(
-                "explicit model load / unload is not allowed if polling is enabled"
-            )
-
-    async def load_model(
-        self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
-    ) -> None:
-        """Load (or reload) ``name``: from the repository, or from ``files`` sent with the
-        request (``file:<path>`` -> bytes, with ``config``)."""
-        self._check_explicit()
-        await self.manager.load(name, config_json, files)
-
-    async def unload_model(self, name: str) -> None:
-        self._check_explicit()
-        await self.manager.unload(name)
 
     @property
     def log_settings(self) -> dict[str, Any]:
