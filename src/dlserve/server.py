@@ -27,6 +27,7 @@ from dlserve.frontends.http.app import create_http_app
 from dlserve.frontends.http.metrics import create_metrics_app
 from dlserve.frontends.http.server import HttpServer
 from dlserve.frontends.restrictions import Restrictions
+from dlserve.tensors import heap
 
 log = logging.getLogger("dlserve")
 
@@ -188,6 +189,7 @@ async def serve(options: ServerOptions) -> None:
 
 
 def run(options: ServerOptions) -> int:
+    heap.keep_large_buffers()
     try:
         asyncio_run(serve(options))
     except FatalError as exc:

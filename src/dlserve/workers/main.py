@@ -23,6 +23,7 @@ from dlserve.backend.logger import log_settings_env
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
+from dlserve.tensors import heap
 from dlserve.tensors.shm import ShmSegment
 from dlserve.workers.runner import LoadError, ModelRunner
 
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     install_pb_utils()
+    heap.keep_large_buffers()  # a model's large outputs reuse their pages request to request
     sock = socket.socket(fileno=args.fd)
     spin_ns = args.busy_poll_us * 1000
     channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_ns)

@@ -1,0 +1,44 @@
+"""Keep the pages of large buffers between requests (glibc's malloc, Linux).
+
+A request with megabytes of tensor data allocates buffers of that size in the server (the
+message as it arrives, an output's bytes for the wire) and in a model (its outputs). With
+glibc's defaults such a buffer gets fresh pages from the kernel each time: either it is
+mapped on its own (above the mmap threshold) or the heap's top is given back once more
+than twice that much is free (the trim threshold) and taken again. Every fresh page
+faults on its first write: for 4 MB, 1024 faults, several milliseconds on a small VM
+against ~0.4 ms for the copy itself. Buffers up to 32 MB come from the heap, and up to
+128 MB of freed heap is kept, so the next request reuses pages that are already there.
+
+The user's own ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` win; nothing
+happens where the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from typing import Final
+
+M_TRIM_THRESHOLD: Final = -1
+M_MMAP_THRESHOLD: Final = -3
+MMAP_THRESHOLD: Final = 32 * 2**20  # glibc's largest on 64-bit
+TRIM_THRESHOLD: Final = 128 * 2**20
+
+
+def keep_large_buffers() -> bool:
+    """Tune this process's malloc as above; whether it was done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
