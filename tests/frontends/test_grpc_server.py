@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import threading
@@ -433,3 +434,48 @@ def test_an_endless_header_block_closes_the_connection() -> None:
             sock.sendall(h2.frame(h2.CONTINUATION, 0, 1, b"\x40" * 16384))
         goaway = [p for kind, _, _, p in _raw_frames(sock) if kind == h2.GOAWAY]
     assert int.from_bytes(goaway[0][4:8], "big") == h2.ENHANCE_YOUR_CALM
+
+
+def test_messages_in_pieces_and_frames_larger_than_a_read() -> None:
+    """Messages cut anywhere by DATA frames (inside a length prefix, inside a message),
+    frames of a megabyte that arrive over several reads (handed on as they arrive), a
+    padded one (joined first) and an empty message: each message reaches the handler
+    whole and in order."""
+    messages = [os.urandom(size) for size in (0, 3, 300_000, 1, 700_000, 2**20)]
+    data = b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in messages)
+    cuts = [0, 2, 7, 600_000, 600_003, len(data)]
+    frames = []
+    for index, (start, end) in enumerate(itertools.pairwise(cuts)):
+        flags = h2.END_STREAM if end == len(data) else 0
+        if index == 2:  # a large padded frame
+            piece = bytes([7]) + data[start:end] + bytes(7)
+            frames.append(h2.frame(h2.DATA, flags | h2.PADDED, 1, piece))
+        else:
+            frames.append(h2.frame(h2.DATA, flags, 1, data[start:end]))
+    whole = h2.MAX_WINDOW.to_bytes(4, "big")
+    with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(DEADLINE_S)
+        sock.sendall(
+            h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, b"\x00\x04" + whole)
+            + _window_update(0, h2.MAX_WINDOW - 65535)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, _request_head(b"/t.S/Chat"))
+        )  # fmt: skip
+        for piece in frames:
+            for at in range(0, len(piece), 50_000):  # in writes smaller than the frames
+                sock.sendall(piece[at : at + 50_000])
+        received = bytearray()
+        decoder = hpack_codec.Decoder()
+        for kind, flags, stream, payload in _raw_frames(sock):
+            if kind == h2.DATA and stream == 1:
+                received += payload
+            elif kind == h2.HEADERS and stream == 1:
+                fields = dict(decoder.decode(payload))
+                if flags & h2.END_STREAM:
+                    break
+    assert fields["grpc-status"] == "0"
+    answers = []
+    while received:
+        size = int.from_bytes(received[1:5], "big")
+        answers.append(bytes(received[5 : 5 + size]))
+        del received[: 5 + size]
+    assert answers == [m * 2 for m in messages]

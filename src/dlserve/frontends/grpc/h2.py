@@ -64,6 +64,7 @@ from dlserve.frontends.grpc.h2_out import Sending
 
 log = logging.getLogger("dlserve.grpc")
 
+_STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _REPLENISH: Final = 2**30  # give the connection's window back once this much has come
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _SETTING_INITIAL_WINDOW, _SETTING_MAX_FRAME = 0x4, 0x5
@@ -120,6 +121,9 @@ class Connection(Sending, asyncio.Protocol):
         self._partial: list[bytes] = []  # the start of a frame still arriving
         self._partial_size = 0
         self._needed = 0  # bytes the partial frame needs in all
+        # a large DATA frame whose payload is handed on as it arrives, not joined first:
+        # (stream id, its flags, payload bytes still to come)
+        self._streaming: tuple[int, int, int] | None = None
         self._preface = False
         self._decoder = hpack_codec.Decoder()
         self._peer_window = 65535  # the client's initial stream window for what we send
@@ -161,15 +165,20 @@ class Connection(Sending, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Frames are parsed straight out of ``data``; a frame that arrives in pieces is
-        joined once, when its last piece is in (one copy, whatever its size)."""
-        if self._partial:
+        joined once, when its last piece is in (one copy, whatever its size), except a large
+        DATA frame, whose payload is handed on piece by piece as it arrives (no copy here)."""
+        pos = 0
+        if self._streaming is not None:
+            pos = self._stream_piece(data)
+            if pos == len(data):
+                return
+        elif self._partial:
             self._partial.append(data)
             self._partial_size += len(data)
             if self._partial_size < self._needed:
                 return
             data = b"".join(self._partial)
             self._partial.clear()
-        pos = 0
         if not self._preface:
             if len(data) < len(PREFACE) and PREFACE.startswith(data):
                 self._keep(data, len(PREFACE))
@@ -205,12 +214,31 @@ class Connection(Sending, asyncio.Protocol):
                 raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
             end = pos + 9 + length
             if end > size:
+                kind, flags = head >> 40 & 0xFF, head >> 32 & 0xFF
+                if kind == DATA and length >= _STREAM_FRAME and not flags & PADDED:
+                    if self._continuing is not None:
+                        raise ProtocolError(PROTOCOL_ERROR, "expected CONTINUATION")
+                    self._streaming = (head & 0x7FFFFFFF, flags, end - size)
+                    self._data(flags & ~END_STREAM, head & 0x7FFFFFFF, view[pos + 9 :])
+                    return size
                 break
             self._frame(
                 head >> 40 & 0xFF, head >> 32 & 0xFF, head & 0x7FFFFFFF, view[pos + 9 : end]
             )
             pos = end
         return pos
+
+    def _stream_piece(self, data: bytes) -> int:
+        """Hand on the next piece of the DATA frame arriving piece by piece; how many bytes
+        of ``data`` it took (the next frame starts there)."""
+        assert self._streaming is not None
+        stream_id, flags, remaining = self._streaming
+        take = min(remaining, len(data))
+        remaining -= take
+        self._streaming = (stream_id, flags, remaining) if remaining else None
+        piece = memoryview(data)[:take] if take < len(data) else memoryview(data)
+        self._data(flags if not remaining else flags & ~END_STREAM, stream_id, piece)
+        return take
 
     # -- frames in ------------------------------------------------------------------------
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:

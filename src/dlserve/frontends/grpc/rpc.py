@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
+import numpy as np
 
 from dlserve.frontends.grpc import h2, hpack_codec
 from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError, status_of
@@ -97,15 +98,18 @@ class Context:
 
 
 class Call:
-    __slots__ = ("buffer", "context", "deadline", "encoding", "inbox", "inbox_bytes", "method",
-                 "remote_ended", "started", "stream_id", "task", "waiter")  # fmt: skip
+    __slots__ = ("buffer", "context", "deadline", "encoding", "filled", "inbox", "inbox_bytes",
+                 "message", "method", "remote_ended", "started", "stream_id", "task",
+                 "waiter")  # fmt: skip
 
     def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
         self.stream_id = stream_id
         self.method = method
         self.context = context
         self.encoding = encoding
-        self.buffer = bytearray()  # a message arriving in pieces
+        self.buffer = bytearray()  # the 5-byte prefix of a message, arriving in pieces
+        self.message: memoryview | None = None  # a message arriving in pieces (prefix first)
+        self.filled = 0  # bytes of ``message`` arrived
         self.inbox: deque[Any] = deque()  # whole messages (and _END) not yet taken
         self.inbox_bytes = 0
         self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting
@@ -226,25 +230,42 @@ class GrpcConnection(h2.Connection):
         call = self.calls.get(stream_id)
         if call is None:
             return
-        buffer = call.buffer
-        if not buffer and len(data) >= 5 and int.from_bytes(data[1:5], "big") == len(data) - 5:
+        if (call.message is None and not call.buffer and len(data) >= 5
+                and int.from_bytes(data[1:5], "big") == len(data) - 5):  # fmt: skip
             self._message(call, data[0], memoryview(data)[5:])  # the usual case: no copy
         elif data:
-            buffer += data
-            while len(buffer) >= 5:
-                size = int.from_bytes(buffer[1:5], "big")
-                if size > MAX_MESSAGE:
-                    self._finish(call, RESOURCE_EXHAUSTED, _TOO_LARGE.format(size, MAX_MESSAGE))
-                    return
-                if len(buffer) < 5 + size:
-                    break
-                with memoryview(buffer) as view:
-                    flag, message = buffer[0], bytes(view[5 : 5 + size])
-                del buffer[: 5 + size]
-                self._message(call, flag, memoryview(message))
+            self._gather(call, memoryview(data))
         if end_stream:
             call.remote_ended = True
             self._deliver(call, _END)
+
+    def _gather(self, call: Call, data: memoryview) -> None:
+        """Messages arriving in pieces: each is copied once, into a buffer of its size made
+        when its 5-byte prefix is in (no copy of what arrived before, however large)."""
+        while data:
+            message = call.message
+            if message is None:
+                take = min(5 - len(call.buffer), len(data))
+                call.buffer += data[:take]
+                data = data[take:]
+                if len(call.buffer) < 5:
+                    return
+                size = int.from_bytes(call.buffer[1:5], "big")
+                if size > MAX_MESSAGE:
+                    self._finish(call, RESOURCE_EXHAUSTED, _TOO_LARGE.format(size, MAX_MESSAGE))
+                    return
+                # not bytearray(size): calloc's fresh pages fault on every first write
+                message = call.message = np.empty(size, np.uint8).data
+                call.filled = 0
+            take = min(len(message) - call.filled, len(data))
+            message[call.filled : call.filled + take] = data[:take]
+            call.filled += take
+            data = data[take:]
+            if call.filled == len(message):
+                flag = call.buffer[0]
+                call.message = None
+                call.buffer.clear()
+                self._message(call, flag, message)
 
     def _message(self, call: Call, flag: int, message: memoryview) -> None:
         if flag:
