@@ -87,7 +87,7 @@ def aio_server(requests: int) -> tuple[float, float]:
 def dlserve_server(requests: int) -> tuple[float, float]:
     import uvloop
 
-    from dlserve.frontends.grpc.rpc import Method
+    from dlserve.frontends.grpc.calls import Method
     from dlserve.frontends.grpc.transport import GrpcServer
 
     async def infer(request: Any, context: Any) -> Any:

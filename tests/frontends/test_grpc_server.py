@@ -24,7 +24,7 @@ import uvloop
 
 from dlserve.errors import FatalError, NotFoundError
 from dlserve.frontends.grpc import h2, hpack_codec
-from dlserve.frontends.grpc.rpc import Context, Method, Parts
+from dlserve.frontends.grpc.calls import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer
 
 DEADLINE_S = 60.0

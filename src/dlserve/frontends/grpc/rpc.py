@@ -13,26 +13,31 @@ cancels it; messages compressed with gzip or deflate are accepted; errors are
 from __future__ import annotations
 
 import asyncio
-import base64
-import socket
-import struct
 import time
 import zlib
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 import numpy as np
 
 from dlserve.frontends.grpc import h2, hpack_codec
+from dlserve.frontends.grpc.calls import (
+    END,
+    Call,
+    Context,
+    Parts,
+    Streaming,
+    Unary,
+    parse_timeout,
+    peer_name_of,
+    peer_pid_of,
+    trailers,
+)
 from dlserve.frontends.grpc.errors import CANCELLED, DEADLINE_EXCEEDED, RpcError, status_of
-from dlserve.frontends.restrictions import Restriction
 
 if TYPE_CHECKING:
     from dlserve.frontends.grpc.transport import GrpcServer
-    from dlserve.frontends.timing import Traced
 
 
 OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
@@ -45,123 +50,6 @@ _HEAD_BLOCK: Final = hpack_codec.encode((
     (b"grpc-accept-encoding", b"identity,deflate,gzip"),
 ))  # fmt: skip
 _OK_TRAILERS: Final = hpack_codec.encode(((b"grpc-status", b"0"),))
-_TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_NOT_METADATA: Final = frozenset(
-    ("content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding")
-)
-_PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_END: Final = object()  # the client has sent its last message
-
-Parts = tuple[list[bytes | memoryview], int]  # a message as pieces, and its size
-Unary = Callable[[Any, "Context"], Awaitable[Any]]
-Streaming = Callable[[AsyncIterator[Any], "Context"], AsyncIterator[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    """One RPC: its handler, and how its messages become objects and back (None: bytes)."""
-
-    handler: Unary | Streaming
-    streaming: bool = False
-    deserialize: Callable[[memoryview], Any] | None = None
-    serialize: Callable[[Any], bytes] | None = None
-    restriction: Restriction | None = None  # the header its calls must carry, if any
-
-
-class Context:
-    """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
-
-    __slots__ = ("_headers", "_peer", "_peer_pid", "opened_ns", "trace")
-
-    def __init__(self, peer: str, headers: h2.Headers, peer_pid: int | None) -> None:
-        self._peer = peer
-        self._headers = headers
-        self._peer_pid = peer_pid
-        self.opened_ns = 0  # when the call opened; taken only while tracing is on
-        self.trace: Traced | None = None  # the call's trace: its sending is stamped
-
-    def peer(self) -> str:
-        """As gRPC writes it: "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path"."""
-        return self._peer
-
-    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        """The call's custom headers (``-bin`` ones decoded), made when asked for."""
-        return tuple(
-            (k, base64.b64decode(v + "==") if k.endswith("-bin") else v)
-            for k, v in self._headers
-            if not k.startswith(":") and k not in _NOT_METADATA
-        )
-
-    def peer_pid(self) -> int | None:
-        """The process at the other end of a Unix-socket connection (SO_PEERCRED)."""
-        return self._peer_pid
-
-
-class Call:
-    __slots__ = ("buffer", "context", "deadline", "encoding", "filled", "inbox", "inbox_bytes",
-                 "message", "method", "remote_ended", "started", "stream_id", "task",
-                 "waiter")  # fmt: skip
-
-    def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
-        self.stream_id = stream_id
-        self.method = method
-        self.context = context
-        self.encoding = encoding
-        self.buffer = bytearray()  # the 5-byte prefix of a message, arriving in pieces
-        self.message: memoryview | None = None  # a message arriving in pieces (prefix first)
-        self.filled = 0  # bytes of ``message`` arrived
-        self.inbox: deque[Any] = deque()  # whole messages (and _END) not yet taken
-        self.inbox_bytes = 0
-        self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting
-        self.remote_ended = False
-        self.started = False  # response headers sent
-        self.task: asyncio.Task[None] | None = None
-        self.deadline: asyncio.TimerHandle | None = None
-
-
-def _percent_encode(text: str) -> bytes:
-    return b"".join(
-        bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
-        for b in text.encode("utf-8", "replace")
-    )
-
-
-def _trailers(code: int, message: str) -> bytes:
-    fields = [(b"grpc-status", str(code).encode())]
-    if message:
-        fields.append((b"grpc-message", _percent_encode(message)))
-    return hpack_codec.encode(fields)
-
-
-def _peer_pid(transport: asyncio.BaseTransport) -> int | None:
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
-    try:
-        credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    except OSError:
-        return None
-    pid = int(_PEERCRED.unpack(credentials)[0])
-    return pid if pid > 0 else None
-
-
-def _peer_name(transport: asyncio.BaseTransport) -> str:
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family == socket.AF_UNIX:
-        return f"unix:{transport.get_extra_info('sockname') or ''}"
-    peer = transport.get_extra_info("peername")
-    if not peer:
-        return ""
-    if sock is not None and sock.family == socket.AF_INET6:
-        return f"ipv6:[{peer[0]}]:{peer[1]}"
-    return f"ipv4:{peer[0]}:{peer[1]}"
-
-
-def _timeout(text: str) -> float | None:
-    unit = _TIMEOUT_UNITS.get(text[-1:])
-    if unit is None or not text[:-1].isdigit():
-        return None
-    return int(text[:-1]) * unit
 
 
 class GrpcConnection(h2.Connection):
@@ -175,8 +63,8 @@ class GrpcConnection(h2.Connection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._peer = _peer_name(transport)
-        self._peer_pid = _peer_pid(transport)
+        self._peer = peer_name_of(transport)
+        self._peer_pid = peer_pid_of(transport)
         self.server.connections.add(self)
         if self.server.stopping:
             self.go_away()
@@ -208,7 +96,7 @@ class GrpcConnection(h2.Connection):
             call.context.opened_ns = time.monotonic_ns()
         self.calls[stream_id] = call
         self.server.calls += 1
-        timeout = _timeout(fields.get("grpc-timeout", ""))
+        timeout = parse_timeout(fields.get("grpc-timeout", ""))
         if timeout is not None:
             call.deadline = self._loop.call_later(timeout, self._expire, call)
         if method.streaming:
@@ -223,7 +111,7 @@ class GrpcConnection(h2.Connection):
 
     @staticmethod
     def _trailers_only(code: int, message: str) -> bytes:
-        return _HEAD_BLOCK + _trailers(code, message)
+        return _HEAD_BLOCK + trailers(code, message)
 
     # -- messages in --------------------------------------------------------------------
     def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
@@ -237,7 +125,7 @@ class GrpcConnection(h2.Connection):
             self._gather(call, memoryview(data))
         if end_stream:
             call.remote_ended = True
-            self._deliver(call, _END)
+            self._deliver(call, END)
 
     def _gather(self, call: Call, data: memoryview) -> None:
         """Messages arriving in pieces: each is copied once, into a buffer of its size made
@@ -294,11 +182,11 @@ class GrpcConnection(h2.Connection):
     def _deliver(self, call: Call, item: Any) -> None:
         if call.method.streaming:
             call.inbox.append(item)
-            if item is not _END:
+            if item is not END:
                 call.inbox_bytes += len(item)
             if call.waiter is not None and not call.waiter.done():
                 call.waiter.set_result(None)
-        elif item is _END:
+        elif item is END:
             if call.task is None:
                 request = call.inbox.popleft() if len(call.inbox) == 1 else None
                 call.task = self._loop.create_task(self._run_unary(call, request))
@@ -312,7 +200,7 @@ class GrpcConnection(h2.Connection):
                 call.waiter = self._loop.create_future()
                 await call.waiter
             item = call.inbox.popleft()
-            if item is _END:
+            if item is END:
                 return
             call.inbox_bytes -= len(item)
             if call.inbox_bytes <= h2.HIGH_WATER:
@@ -391,7 +279,7 @@ class GrpcConnection(h2.Connection):
         """End the call with a status (nothing happens if it has ended already)."""
         if self.calls.get(call.stream_id) is not call:
             return
-        block = _trailers(code, message) if call.started else self._trailers_only(code, message)
+        block = trailers(code, message) if call.started else self._trailers_only(code, message)
         self.send(call.stream_id, b"", (), block)
         self._done(call)
         if call.task is not None and not call.task.done():

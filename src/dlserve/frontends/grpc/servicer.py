@@ -28,9 +28,9 @@ from dlserve.errors import (
     UnsupportedError,
 )
 from dlserve.frontends.grpc import control, convert, health, shm
+from dlserve.frontends.grpc.calls import Context, Method, Parts
 from dlserve.frontends.grpc.errors import error_message
 from dlserve.frontends.grpc.outbox import Outbox
-from dlserve.frontends.grpc.rpc import Context, Method, Parts
 from dlserve.frontends.grpc.transport import GrpcServer, TlsOptions
 from dlserve.frontends.restrictions import GRPC_METHOD_GROUPS, Restrictions, group_of
 from dlserve.types import InferRequest, Peer

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlserve.errors import FatalError
-from dlserve.frontends.grpc.rpc import GrpcConnection, Method
+from dlserve.frontends.grpc.calls import Method
+from dlserve.frontends.grpc.rpc import GrpcConnection
 from dlserve.frontends.timing import NEVER, Timing
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled calls get to unwind when stop() runs out of time
