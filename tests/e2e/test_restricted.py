@@ -64,12 +64,22 @@ def _infer_inputs(module: object) -> list[object]:
     return inputs
 
 
-@pytest.mark.parametrize("headers", [None, {"triton-grpc-protocol-admin-key": "wrong"}],
-                         ids=["no-header", "wrong-value"])  # fmt: skip
-def test_grpc_model_repository_is_refused_without_the_key(
-    admin_server: RunningServer, headers: dict[str, str] | None
+# protocol -> (client module, the server's URL attribute, a wrong key, status, message)
+REFUSALS = {
+    "grpc": (grpcclient, "grpc_url", {"triton-grpc-protocol-admin-key": "wrong"},
+             "StatusCode.UNAVAILABLE", GRPC_REFUSED),
+    "http": (httpclient, "http_url", {"admin-key": "wrong"}, "403", HTTP_REFUSED),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["no-header", "wrong-value"])
+@pytest.mark.parametrize("protocol", sorted(REFUSALS))
+def test_model_repository_is_refused_without_the_key(
+    admin_server: RunningServer, protocol: str, wrong: bool
 ) -> None:
-    client = grpcclient.InferenceServerClient(admin_server.grpc_url)
+    module, url, wrong_key, status, message = REFUSALS[protocol]
+    headers = wrong_key if wrong else None
+    client = module.InferenceServerClient(getattr(admin_server, url))
     calls = {
         "load": lambda: client.load_model("double", headers=headers),
         "unload": lambda: client.unload_model("add_sub", headers=headers),
@@ -79,8 +89,8 @@ def test_grpc_model_repository_is_refused_without_the_key(
     for what, call in calls.items():
         refused = _refused(call)
         print(what, refused.status(), refused.message())
-        assert refused.status() == "StatusCode.UNAVAILABLE", what
-        assert refused.message() == GRPC_REFUSED, what
+        assert refused.status() == status, what
+        assert refused.message() == message, what
     assert client.is_model_ready("add_sub")  # nothing was unloaded
     assert not client.is_model_ready("double")  # nor loaded
     client.close()
@@ -101,29 +111,6 @@ def test_grpc_model_repository_works_with_the_key_and_the_rest_without(
     client.unload_model("double", headers=ADMIN)
     assert not client.is_model_ready("double")
     assert client.get_system_shared_memory_status(headers=ADMIN).regions == {}
-    client.close()
-
-
-@pytest.mark.parametrize(
-    "headers", [None, {"admin-key": "wrong"}], ids=["no-header", "wrong-value"]
-)
-def test_http_model_repository_is_refused_without_the_key(
-    admin_server: RunningServer, headers: dict[str, str] | None
-) -> None:
-    client = httpclient.InferenceServerClient(admin_server.http_url)
-    calls = {
-        "load": lambda: client.load_model("double", headers=headers),
-        "unload": lambda: client.unload_model("add_sub", headers=headers),
-        "index": lambda: client.get_model_repository_index(headers=headers),
-        "shm status": lambda: client.get_system_shared_memory_status(headers=headers),
-    }
-    for what, call in calls.items():
-        refused = _refused(call)
-        print(what, refused.status(), refused.message())
-        assert refused.status() == "403", what
-        assert refused.message() == HTTP_REFUSED, what
-    assert client.is_model_ready("add_sub")
-    assert not client.is_model_ready("double")
     client.close()
 
 
