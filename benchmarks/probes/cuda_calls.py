@@ -59,6 +59,51 @@ def one_process() -> None:
     z = torch.empty_like(x)
     timeit("cuda_ipc.copy 0.6 MB D2D (+ sync)", lambda: cuda_ipc.copy(z.data_ptr(), ptr, NBYTES))
     timeit("cudaGetDevice", lambda: rt.cudaGetDevice())
+    callee_steps(x)
+
+
+def callee_steps(x: Any) -> None:
+    """A BLS callee's execute, step by step, as the benchmarks' gpu_times2 runs it."""
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+
+    from dlserve import backend as pb_utils
+    from dlserve.backend import cuda_peers
+    from dlserve.workers import gpu_bls
+    from dlserve.workers.regions import ClientRegions
+
+    tensor = pb_utils.Tensor._wrap_gpu(
+        "INPUT_0", cuda_peers.gpu_info(x.data_ptr(), [NBYTES // 4], _fp32(), 0), x
+    )
+    print("a callee's execute, step by step:")
+    timeit("pb Tensor.to_dlpack (GPU)", tensor.to_dlpack)
+    timeit("torch from_dlpack(pb capsule)", lambda: from_dlpack(tensor.to_dlpack()))
+    data = from_dlpack(tensor.to_dlpack())
+    timeit("torch data * 2", lambda: data * 2)
+    timeit("torch to_dlpack", lambda: to_dlpack(data))
+    timeit("pb Tensor.from_dlpack(torch capsule)",
+           lambda: pb_utils.Tensor.from_dlpack("OUTPUT_0", to_dlpack(data)))  # fmt: skip
+
+    def body() -> Any:
+        d = from_dlpack(tensor.to_dlpack())
+        return pb_utils.Tensor.from_dlpack("OUTPUT_0", to_dlpack(d * 2))
+
+    timeit("the whole body (import, kernel, export)", body)
+    lender, regions = gpu_bls.GpuLender(), ClientRegions()
+    out = body()
+
+    def lend() -> None:
+        ref = lender.lend(out, regions)
+        assert ref is not None
+        lender.give_back([ref.lend])
+
+    timeit("GpuLender.lend + give_back (export with sync)", lend)
+    timeit("body + lend", lambda: lender.give_back([lender.lend(body(), regions).lend]))
+
+
+def _fp32() -> Any:
+    from dlserve.tensors import dtypes
+
+    return dtypes.BY_WIRE["FP32"]
 
 
 def callee(conn: Any) -> None:
