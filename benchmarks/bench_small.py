@@ -10,8 +10,10 @@ back to back (one in flight per client) for a fixed count or a fixed time.
         [--requests N | --duration S] [--json PATH]
 
 Prints p50 and p99 latency (microseconds, over all clients' requests), throughput
-(requests/s: all requests over the span from the first start to the last end), and
-dlserve's p50 over Triton's for the same protocol and concurrency. A benchmark,
+(requests/s: all requests over the span from the first start to the last end),
+dlserve's p50 over Triton's for the same protocol and concurrency, and the CPU time
+per request (user + system) of the clients and of the server with its workers (or
+Triton's Python stubs): on a machine with few cores their sum bounds the throughput. A benchmark,
 not a test: it checks one answer per client and nothing else.
 """
 
@@ -27,6 +29,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -73,6 +76,8 @@ class Row:
     p50_us: float
     p99_us: float
     throughput_rps: float
+    client_cpu_us: float  # CPU per request: the clients' own, all processes together
+    server_cpu_us: float  # CPU per request: the server and its workers (or Python stubs)
 
 
 # --- client side (runs in spawned processes) -----------------------------------------
@@ -129,18 +134,30 @@ def client_main(workload: Workload, barrier: Barrier, result_path: str) -> None:
     send_for(infer, workload.warmup_s)
     barrier.wait(BARRIER_TIMEOUT_S)
     start_ns = time.perf_counter_ns()  # CLOCK_MONOTONIC: comparable across processes
+    start_cpu = time.process_time()
     latencies = measure(infer, workload)
-    report = {"start_ns": start_ns, "end_ns": time.perf_counter_ns(), "latencies_ns": latencies}
+    report = {
+        "start_ns": start_ns,
+        "end_ns": time.perf_counter_ns(),
+        "cpu_s": time.process_time() - start_cpu,  # this client's own CPU (user + system)
+        "latencies_ns": latencies,
+    }
     Path(result_path).write_text(json.dumps(report))
 
 
 # --- orchestration ------------------------------------------------------------------------
 
 
-def run_clients(workload: Workload, clients: int) -> list[dict[str, Any]]:
-    """Start ``clients`` spawned client processes, wait for them, read their reports."""
+def run_clients(
+    workload: Workload, clients: int, server_pid: int
+) -> tuple[list[dict[str, Any]], float]:
+    """Run ``clients`` spawned client processes; their reports, and the server's CPU.
+
+    The server's CPU (its process and all its descendants: workers, Triton's Python
+    stubs) is read when every client has warmed up and again when they have all ended.
+    """
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(clients)
+    barrier = context.Barrier(clients + 1)  # the clients, and this process reading the CPU
     with tempfile.TemporaryDirectory(prefix="bench-small-") as folder:
         paths = [os.path.join(folder, f"client{i}.json") for i in range(clients)]
         processes = [
@@ -148,8 +165,13 @@ def run_clients(workload: Workload, clients: int) -> list[dict[str, Any]]:
         ]
         for process in processes:
             process.start()
+        before = 0.0
+        with contextlib.suppress(threading.BrokenBarrierError):  # wait_clients says why
+            barrier.wait(BARRIER_TIMEOUT_S)
+            before = tree_cpu_s(server_pid)
         wait_clients(processes, barrier)
-        return [json.loads(Path(path).read_text()) for path in paths]
+        server_cpu_s = tree_cpu_s(server_pid) - before
+        return [json.loads(Path(path).read_text()) for path in paths], server_cpu_s
 
 
 def wait_clients(processes: Sequence[BaseProcess], barrier: Barrier) -> None:
@@ -173,10 +195,26 @@ def wait_clients(processes: Sequence[BaseProcess], barrier: Barrier) -> None:
         raise RuntimeError(f"{len(failed)} client(s) failed or timed out, exit codes {failed}")
 
 
-def summarize(server: str, workload: Workload, reports: list[dict[str, Any]]) -> Row:
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def summarize(
+    server: str, workload: Workload, reports: list[dict[str, Any]], server_cpu_s: float
+) -> Row:
     """Pool all clients' latencies into one row."""
     latencies_us = np.concatenate([r["latencies_ns"] for r in reports]) / 1000.0
     span_s = (max(r["end_ns"] for r in reports) - min(r["start_ns"] for r in reports)) / 1e9
+    count = latencies_us.size
     return Row(
         server=server,
         protocol=workload.protocol,
@@ -184,7 +222,9 @@ def summarize(server: str, workload: Workload, reports: list[dict[str, Any]]) ->
         requests=int(latencies_us.size),
         p50_us=float(np.percentile(latencies_us, 50)),
         p99_us=float(np.percentile(latencies_us, 99)),
-        throughput_rps=latencies_us.size / span_s,
+        throughput_rps=count / span_s,
+        client_cpu_us=sum(r["cpu_s"] for r in reports) / count * 1e6,
+        server_cpu_us=server_cpu_s / count * 1e6,
     )
 
 
@@ -206,7 +246,8 @@ def bench_server(name: str, args: argparse.Namespace) -> tuple[str, list[Row]]:
             url = server.grpc_url if protocol == "grpc" else server.http_url
             workload = Workload(protocol, url, args.requests, args.duration, args.warmup)
             for clients in args.clients:
-                rows.append(summarize(name, workload, run_clients(workload, clients)))
+                reports, server_cpu_s = run_clients(workload, clients, server.process.pid)
+                rows.append(summarize(name, workload, reports, server_cpu_s))
                 print(f"#   {format_row(rows[-1], None)}", file=sys.stderr)
     return version, rows
 
@@ -215,7 +256,8 @@ def bench_server(name: str, args: argparse.Namespace) -> tuple[str, list[Row]]:
 
 HEADER = (
     f"{'server':<8} {'proto':<5} {'clients':>7} {'requests':>9} "
-    f"{'p50 us':>9} {'p99 us':>9} {'req/s':>9} {'p50 vs triton':>14}"
+    f"{'p50 us':>9} {'p99 us':>9} {'req/s':>9} {'p50 vs triton':>14} "
+    f"{'client cpu us':>14} {'server cpu us':>14}"
 )
 
 
@@ -232,7 +274,8 @@ def format_row(row: Row, ratio: float | None) -> str:
     ratio_text = "-" if ratio is None else f"{ratio:.2f}x"
     return (
         f"{row.server:<8} {row.protocol:<5} {row.clients:>7} {row.requests:>9} "
-        f"{row.p50_us:>9.0f} {row.p99_us:>9.0f} {row.throughput_rps:>9.0f} {ratio_text:>14}"
+        f"{row.p50_us:>9.0f} {row.p99_us:>9.0f} {row.throughput_rps:>9.0f} {ratio_text:>14} "
+        f"{row.client_cpu_us:>14.0f} {row.server_cpu_us:>14.0f}"
     )
 
 
