@@ -12,8 +12,8 @@ back to back (one in flight per client) for a fixed count or a fixed time.
 Prints p50 and p99 latency (microseconds, over all clients' requests), throughput
 (requests/s: all requests over the span from the first start to the last end),
 dlserve's p50 over Triton's for the same protocol and concurrency, and the CPU time
-per request (user + system) of the clients and of the server with its workers (or
-Triton's Python stubs): on a machine with few cores their sum bounds the throughput. A benchmark,
+per request (user + system) of the clients, of the server process and of its workers
+(Triton's Python stubs): on a machine with few cores their sum bounds the throughput. A benchmark,
 not a test: it checks one answer per client and nothing else.
 """
 
@@ -77,7 +77,8 @@ class Row:
     p99_us: float
     throughput_rps: float
     client_cpu_us: float  # CPU per request: the clients' own, all processes together
-    server_cpu_us: float  # CPU per request: the server and its workers (or Python stubs)
+    server_cpu_us: float  # CPU per request: the server process itself
+    worker_cpu_us: float  # CPU per request: its workers (dlserve) or Python stubs (Triton)
 
 
 # --- client side (runs in spawned processes) -----------------------------------------
@@ -150,10 +151,10 @@ def client_main(workload: Workload, barrier: Barrier, result_path: str) -> None:
 
 def run_clients(
     workload: Workload, clients: int, server_pid: int
-) -> tuple[list[dict[str, Any]], float]:
+) -> tuple[list[dict[str, Any]], tuple[float, float]]:
     """Run ``clients`` spawned client processes; their reports, and the server's CPU.
 
-    The server's CPU (its process and all its descendants: workers, Triton's Python
+    The server's CPU (its own process, and all its descendants: workers, Triton's Python
     stubs) is read when every client has warmed up and again when they have all ended.
     """
     context = multiprocessing.get_context("spawn")
@@ -165,12 +166,13 @@ def run_clients(
         ]
         for process in processes:
             process.start()
-        before = 0.0
+        before = (0.0, 0.0)
         with contextlib.suppress(threading.BrokenBarrierError):  # wait_clients says why
             barrier.wait(BARRIER_TIMEOUT_S)
             before = tree_cpu_s(server_pid)
         wait_clients(processes, barrier)
-        server_cpu_s = tree_cpu_s(server_pid) - before
+        after = tree_cpu_s(server_pid)
+        server_cpu_s = (after[0] - before[0], after[1] - before[1])
         return [json.loads(Path(path).read_text()) for path in paths], server_cpu_s
 
 
@@ -195,21 +197,25 @@ def wait_clients(processes: Sequence[BaseProcess], barrier: Barrier) -> None:
         raise RuntimeError(f"{len(failed)} client(s) failed or timed out, exit codes {failed}")
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and all its descendants."""
+def tree_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by a process, and by all its descendants."""
     import psutil
 
-    root = psutil.Process(pid)
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
+    def used(process: psutil.Process) -> float:
         with contextlib.suppress(psutil.NoSuchProcess):
             times = process.cpu_times()
-            total += times.user + times.system
-    return total
+            return float(times.user + times.system)
+        return 0.0
+
+    root = psutil.Process(pid)
+    return used(root), sum(used(child) for child in root.children(recursive=True))
 
 
 def summarize(
-    server: str, workload: Workload, reports: list[dict[str, Any]], server_cpu_s: float
+    server: str,
+    workload: Workload,
+    reports: list[dict[str, Any]],
+    server_cpu_s: tuple[float, float],
 ) -> Row:
     """Pool all clients' latencies into one row."""
     latencies_us = np.concatenate([r["latencies_ns"] for r in reports]) / 1000.0
@@ -224,7 +230,8 @@ def summarize(
         p99_us=float(np.percentile(latencies_us, 99)),
         throughput_rps=count / span_s,
         client_cpu_us=sum(r["cpu_s"] for r in reports) / count * 1e6,
-        server_cpu_us=server_cpu_s / count * 1e6,
+        server_cpu_us=server_cpu_s[0] / count * 1e6,
+        worker_cpu_us=server_cpu_s[1] / count * 1e6,
     )
 
 
@@ -257,7 +264,7 @@ def bench_server(name: str, args: argparse.Namespace) -> tuple[str, list[Row]]:
 HEADER = (
     f"{'server':<8} {'proto':<5} {'clients':>7} {'requests':>9} "
     f"{'p50 us':>9} {'p99 us':>9} {'req/s':>9} {'p50 vs triton':>14} "
-    f"{'client cpu us':>14} {'server cpu us':>14}"
+    f"{'cpu us: client':>14} {'server':>7} {'worker':>7}"
 )
 
 
@@ -275,7 +282,7 @@ def format_row(row: Row, ratio: float | None) -> str:
     return (
         f"{row.server:<8} {row.protocol:<5} {row.clients:>7} {row.requests:>9} "
         f"{row.p50_us:>9.0f} {row.p99_us:>9.0f} {row.throughput_rps:>9.0f} {ratio_text:>14} "
-        f"{row.client_cpu_us:>14.0f} {row.server_cpu_us:>14.0f}"
+        f"{row.client_cpu_us:>14.0f} {row.server_cpu_us:>7.0f} {row.worker_cpu_us:>7.0f}"
     )
 
 
