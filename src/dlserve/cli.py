@@ -115,7 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dlserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a Triton model repository")
-    serve.add_argument("--model-repository", required=True, type=Path)
+    serve.add_argument(  # --model-store: Triton's older spelling
+        "--model-repository", "--model-store", dest="model_repository", required=True, type=Path
+    )
     _endpoint_options(serve.add_argument_group("endpoints"))
     _model_options(serve.add_argument_group("models"))
     _log_options(serve.add_argument_group("logging"))
@@ -126,7 +128,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _endpoint_options(group: Any) -> None:
-    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument(
+        "--host", default="127.0.0.1",
+        help="the address of every endpoint, unless one of the three below is given "
+        "(default 127.0.0.1)",
+    )  # fmt: skip
+    for endpoint, default in (
+        ("grpc", "--host"),
+        ("http", "--host"),
+        ("metrics", "--http-address"),
+    ):
+        group.add_argument(
+            f"--{endpoint}-address", metavar="ADDRESS",
+            help=f"the {endpoint} endpoint's address (Triton's option; default: {default})",
+        )  # fmt: skip
     group.add_argument("--grpc-port", type=int, default=8001)
     group.add_argument("--http-port", type=int, default=8000)
     group.add_argument("--metrics-port", type=int, default=8002)
@@ -155,6 +170,10 @@ def _endpoint_options(group: Any) -> None:
         "stopped anyway (default 30, as Triton)",
     )  # fmt: skip
     group.add_argument(
+        "--id", default="dlserve", metavar="NAME",
+        help="the server's name in its metadata (Triton's option; default dlserve)",
+    )  # fmt: skip
+    group.add_argument(
         "--ready-fd", type=int, default=None,
         help="write the bound ports as a JSON line to this fd once ready",
     )  # fmt: skip
@@ -173,6 +192,16 @@ def _model_options(group: Any) -> None:
     group.add_argument(
         "--repository-poll-secs", type=_seconds, default=15.0, metavar="SECONDS",
         help="poll mode: how often the repository is looked at (default 15)",
+    )  # fmt: skip
+    group.add_argument(
+        "--model-config-name", default="", metavar="NAME",
+        help="load each model's configs/NAME.pbtxt where it has one, instead of its "
+        "config.pbtxt (Triton's option)",
+    )  # fmt: skip
+    group.add_argument(
+        "--exit-on-error", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",
+        help="true: stop (exit status 1) when a model fails to load at startup, as Triton "
+        "does by default; false: serve the others, the failed ones UNAVAILABLE (default false)",
     )  # fmt: skip
     group.add_argument(
         "--disable-auto-complete-config", action="store_true",
@@ -300,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     grpc_restrictions, http_restrictions = _restrictions(args, parser)
     if not (args.allow_grpc or args.allow_http):
         parser.error("--allow-grpc and --allow-http are both false: nothing would serve requests")
+    if any(c.isspace() for c in args.model_config_name):
+        parser.error("--model-config-name must not contain spaces (it names configs/NAME.pbtxt)")
     level = logging.DEBUG if args.log_verbose else logging.INFO
     if args.log_verbose:  # workers inherit it: pb_utils.Logger.log_verbose prints
         os.environ["DLSERVE_LOG_VERBOSE"] = str(args.log_verbose)
@@ -319,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     options = ServerOptions(
         model_repository=args.model_repository.resolve(),
         host=args.host,
+        grpc_host=args.grpc_address,
+        http_host=args.http_address,
+        metrics_host=args.metrics_address,
+        server_id=args.id,
+        model_config_name=args.model_config_name,
+        exit_on_error=args.exit_on_error,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         metrics_port=args.metrics_port,

@@ -28,6 +28,7 @@ from dlserve.frontends.http.metrics import create_metrics_app
 from dlserve.frontends.http.server import HttpServer
 from dlserve.frontends.restrictions import Restrictions
 from dlserve.tensors import heap
+from dlserve.types import ModelState
 
 log = logging.getLogger("dlserve")
 
@@ -35,7 +36,13 @@ log = logging.getLogger("dlserve")
 @dataclass(slots=True)
 class ServerOptions:
     model_repository: Path
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # every endpoint's address, unless one of the three below says
+    grpc_host: str | None = None  # --grpc-address
+    http_host: str | None = None  # --http-address
+    metrics_host: str | None = None  # --metrics-address (default: the HTTP endpoint's)
+    server_id: str = "dlserve"  # --id: the name in the server's metadata
+    model_config_name: str = ""  # --model-config-name: configs/NAME.pbtxt where a model has it
+    exit_on_error: bool = False  # --exit-on-error: a model that fails to load stops the server
     grpc_port: int = 8001
     http_port: int = 8000
     metrics_port: int = 8002
@@ -89,24 +96,30 @@ class Server:
             owners=OwnerOptions(idle_timeout=options.shm_idle_timeout),
             trace=options.trace,
             cache=options.cache,
+            server_id=options.server_id,
         )
-        self.service = InferenceService(Repository(options.model_repository), service_options)
+        repository = Repository(options.model_repository, options.model_config_name)
+        self.service = InferenceService(repository, service_options)
+        self.hosts = _hosts(options)
         self._http: HttpServer | None = None
         self._metrics: HttpServer | None = None
         if options.allow_http:
             app = create_http_app(
                 self.service, options.http_max_input_size, options.http_restrictions
             )
-            self._http = HttpServer(app, options.host, options.http_port, timing=self.service.trace)
+            self._http = HttpServer(
+                app, self.hosts["http"], options.http_port, timing=self.service.trace
+            )
         if options.allow_metrics:
             metrics = create_metrics_app(self.service)
-            self._metrics = HttpServer(metrics, options.host, options.metrics_port)
+            self._metrics = HttpServer(metrics, self.hosts["metrics"], options.metrics_port)
         self._grpc: Any = None
         self._mps: MpsDaemon | None = None
         self.ports: dict[str, int] = {}
 
     async def start(self) -> None:
-        """0. MPS, when asked  1. load models  2. open gRPC, HTTP, metrics  3. report."""
+        """0. MPS, when asked  1. load models (--exit-on-error: stop if one failed)
+        2. open gRPC, HTTP, metrics  3. report."""
         if not self.options.model_repository.is_dir():
             raise FatalError(f"model repository {self.options.model_repository} is not a directory")
         if self.options.grpc_tls is not None:
@@ -117,9 +130,11 @@ class Server:
             self._mps = MpsDaemon.start()
             os.environ.update(self._mps.env)
         await self.service.startup()
+        if self.options.exit_on_error:
+            self._stop_if_a_model_failed()
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
-                self.service, self.options.host, self.options.grpc_port, self.options.grpc_uds,
+                self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
                 self.options.grpc_tls, self.options.grpc_restrictions,
             )  # fmt: skip
             self.ports["grpc_port"] = await self._grpc.start()
@@ -129,21 +144,33 @@ class Server:
             self.ports["metrics_port"] = await self._metrics.start()
         self._report()
 
+    def _stop_if_a_model_failed(self) -> None:
+        failed = [
+            f"{entry.name}: {entry.reason}" for entry in self.service.repository_index()
+            if entry.state is ModelState.UNAVAILABLE
+        ]  # fmt: skip
+        if failed:
+            raise FatalError("failed to load all models (--exit-on-error): " + "; ".join(failed))
+
     def _report(self) -> None:
         rows = [
             (e.name, e.version or "-", e.state.value if e.state else "UNLOADED", e.reason)
             for e in self.service.repository_index()
         ]
         print(_table(("Model", "Version", "Status"), rows), flush=True)
-        host, ports = self.options.host, self.ports
+        hosts, ports = self.hosts, self.ports
         if "grpc_port" in ports:
-            print(f"Started GRPCInferenceService at {host}:{ports['grpc_port']}", flush=True)
+            print(
+                f"Started GRPCInferenceService at {hosts['grpc']}:{ports['grpc_port']}", flush=True
+            )
             if self.options.grpc_uds:
                 print(f"Started GRPCInferenceService at unix:{self.options.grpc_uds}", flush=True)
         if "http_port" in ports:
-            print(f"Started HTTPService at {host}:{ports['http_port']}", flush=True)
+            print(f"Started HTTPService at {hosts['http']}:{ports['http_port']}", flush=True)
         if "metrics_port" in ports:
-            print(f"Started Metrics Service at {host}:{ports['metrics_port']}", flush=True)
+            print(
+                f"Started Metrics Service at {hosts['metrics']}:{ports['metrics_port']}", flush=True
+            )
         if self.options.ready_fd is not None:
             os.write(self.options.ready_fd, json.dumps(self.ports).encode() + b"\n")
             os.close(self.options.ready_fd)
@@ -159,6 +186,17 @@ class Server:
             await asyncio.to_thread(self._mps.stop)
             self._mps = None
         log.info("dlserve stopped")
+
+
+def _hosts(options: ServerOptions) -> dict[str, str]:
+    """Each endpoint's address: its own option, else --host; metrics follow HTTP's, as in
+    Triton."""
+    http = options.http_host or options.host
+    return {
+        "grpc": options.grpc_host or options.host,
+        "http": http,
+        "metrics": options.metrics_host or http,
+    }
 
 
 def _table(header: tuple[str, str, str], rows: list[tuple[str, str, str, str]]) -> str:

@@ -39,9 +39,13 @@ def parse_config_text(text: str, source: str) -> Any:
     return config
 
 
-def read_config(model_dir: Path) -> Any:
-    """The model's config; a directory without config.pbtxt gets an empty one (auto-complete)."""
+def read_config(model_dir: Path, config_name: str = "") -> Any:
+    """The model's config: ``configs/<config_name>.pbtxt`` when a name is given and the model
+    has that file (Triton's ``--model-config-name``), else ``config.pbtxt``; a directory
+    without either gets an empty one (auto-complete)."""
     path = model_dir / "config.pbtxt"
+    if config_name and (custom := model_dir / "configs" / f"{config_name}.pbtxt").exists():
+        path = custom
     if not path.exists():
         return ModelConfig()
     try:

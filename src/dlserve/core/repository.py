@@ -35,8 +35,9 @@ class ModelSource:
 
 
 class Repository:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, config_name: str = "") -> None:
         self.root = root
+        self.config_name = config_name  # --model-config-name: configs/<name>.pbtxt first
         self._sent: Path | None = None  # the folder that holds models sent with load requests
 
     def model_names(self) -> list[str]:
@@ -50,7 +51,7 @@ class Repository:
     def is_ensemble(self, name: str) -> bool:
         """Whether the model's config.pbtxt says ``platform: "ensemble"`` (False if unreadable)."""
         try:
-            return bool(read_config(self.root / name).platform == "ensemble")
+            return bool(read_config(self.root / name, self.config_name).platform == "ensemble")
         except ConfigError:
             return False
 
@@ -67,7 +68,7 @@ class Repository:
         if config_json is not None:
             config = config_from_json(config_json, f"the load request for '{name}'")
         else:
-            config = read_config(path)
+            config = read_config(path, self.config_name)
         return ModelSource(name, path, config, _versions(path, config))
 
     def _sent_source(

@@ -75,6 +75,7 @@ class ServiceOptions:
     log_file: str = ""  # --log-file (the process's stderr already goes there)
     trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config, as the API's
     cache: CacheSettings | None = None  # --cache-config: the response cache
+    server_id: str = "dlserve"  # --id: the name in the server's metadata
 
 
 class InferenceService(SharedMemoryApi, RepositoryApi):
@@ -161,7 +162,7 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
         )
 
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata("dlserve", __version__, EXTENSIONS)
+        return ServerMetadata(self.options.server_id, __version__, EXTENSIONS)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
