@@ -43,6 +43,9 @@ class ServerOptions:
     server_id: str = "dlserve"  # --id: the name in the server's metadata
     model_config_name: str = ""  # --model-config-name: configs/NAME.pbtxt where a model has it
     exit_on_error: bool = False  # --exit-on-error: a model that fails to load stops the server
+    log_format: str = "default"  # --log-format
+    cpu_metrics: bool = True  # --allow-cpu-metrics
+    gpu_metrics: bool = True  # --allow-gpu-metrics
     grpc_port: int = 8001
     http_port: int = 8000
     metrics_port: int = 8002
@@ -97,6 +100,9 @@ class Server:
             trace=options.trace,
             cache=options.cache,
             server_id=options.server_id,
+            log_format=options.log_format,
+            cpu_metrics=options.cpu_metrics,
+            gpu_metrics=options.gpu_metrics,
         )
         repository = Repository(options.model_repository, options.model_config_name)
         self.service = InferenceService(repository, service_options)

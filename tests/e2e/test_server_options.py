@@ -139,3 +139,14 @@ def test_without_exit_on_error_the_other_models_serve(tmp_path: Path, flag: list
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert not client.is_model_ready("bad_config")
         _add_sub(client)
+
+
+def test_log_format_at_startup_reaches_the_settings_and_the_workers(tmp_path: Path) -> None:
+    repository = repository_of(tmp_path, TEST_MODELS / "log_levels")
+    with run_server(repository, "--log-format", "ISO8601") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.get_log_settings()["log_format"] == "ISO8601"
+        tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.zeros(1, np.float32))  # the model says what it was told
+        assert client.infer("log_levels", [tensor]).as_numpy("OUTPUT0")[2] == b"ISO8601"
+        client.close()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import RunningServer
+from conftest import EXAMPLES, RunningServer, repository_of, run_server
 from dlserve.core.devices import gpu_count
 
 HAS_GPU = gpu_count() > 0
@@ -61,3 +62,21 @@ def test_gpu_metrics_per_gpu(example_server: RunningServer) -> None:
     assert all(p > 0 for _, p in metrics["nv_gpu_power_usage"])
     assert all(p > 0 for _, p in metrics["nv_gpu_power_limit"])
     assert all(e >= 0 for _, e in metrics["nv_energy_consumption"])
+
+
+@pytest.mark.parametrize(
+    "kind", ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not HAS_GPU, reason="no CUDA device")])],
+)  # fmt: skip
+def test_allow_metrics_of_a_kind_false_leaves_them_out(tmp_path: Path, kind: str) -> None:
+    """Triton's --allow-cpu-metrics / --allow-gpu-metrics false: that kind's nv_* families
+    are not reported; the other kind and the inference metrics still are."""
+    repository = repository_of(tmp_path, EXAMPLES / "add_sub")
+    names = {"cpu": "nv_cpu_utilization", "gpu": "nv_gpu_utilization"}
+    with run_server(repository, f"--allow-{kind}-metrics", "false") as server:
+        metrics = scrape(server)
+    assert names[kind] not in metrics
+    assert "nv_inference_request_success" in metrics
+    other = "gpu" if kind == "cpu" else "cpu"
+    if other == "cpu" or HAS_GPU:
+        assert names[other] in metrics

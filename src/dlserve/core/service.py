@@ -73,9 +73,12 @@ class ServiceOptions:
     log_verbose: int = 0  # --log-verbose: the log settings' first verbose level
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # info, warning, error
     log_file: str = ""  # --log-file (the process's stderr already goes there)
+    log_format: str = "default"  # --log-format: "default" or "ISO8601"
     trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config, as the API's
     cache: CacheSettings | None = None  # --cache-config: the response cache
     server_id: str = "dlserve"  # --id: the name in the server's metadata
+    cpu_metrics: bool = True  # --allow-cpu-metrics
+    gpu_metrics: bool = True  # --allow-gpu-metrics
 
 
 class InferenceService(SharedMemoryApi, RepositoryApi):
@@ -87,7 +90,8 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
         self.owners = RegionOwners([self.regions], options.owners)
         settings = options.cache
         self.cache = ResponseCache(settings.size) if settings is not None else None
-        collectors: list[Collector] = [ReclaimCollector(self.owners), SystemCollector()]
+        system = SystemCollector(options.cpu_metrics, options.gpu_metrics)
+        collectors: list[Collector] = [ReclaimCollector(self.owners), system]
         if self.cache is not None:
             collectors.append(CacheCollector(self.cache))
         self.metrics = Metrics(lambda: self.manager.all_stats(), collectors)
@@ -99,6 +103,8 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
         if options.log_levels != (True, True, True):  # the server and every worker from now on
             info, warning, error = options.log_levels
             self._log.update({"log_info": info, "log_warning": warning, "log_error": error})
+        if options.log_format != "default":
+            self._log.update({"log_format": options.log_format})
         self.tracer = Tracer(options.trace)
         self.trace = self.tracer.settings
         self.poller: RepositoryPoller | None = None

@@ -138,13 +138,17 @@ _GPU_FAMILIES = (
 class SystemCollector(Collector):
     """CPU and GPU metrics with Triton's names; NVML is opened at the first scrape."""
 
-    def __init__(self) -> None:
-        self._last_cpu = cpu_times() if os.path.exists("/proc/stat") else (0, 0)
+    def __init__(self, cpu: bool = True, gpu: bool = True) -> None:
+        self._cpu_on = cpu and os.path.exists("/proc/stat")  # --allow-cpu-metrics
+        self._gpu_on = gpu  # --allow-gpu-metrics
+        self._last_cpu = cpu_times() if self._cpu_on else (0, 0)
         self._nvml: _Nvml | None = None
 
     def collect(self) -> Iterator[Metric]:
-        if os.path.exists("/proc/stat"):
+        if self._cpu_on:
             yield from self._cpu()
+        if not self._gpu_on:
+            return
         if self._nvml is None:
             self._nvml = _Nvml()
         yield from self._gpus(self._nvml)
