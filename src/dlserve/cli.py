@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from dlserve import triton_options
 from dlserve.cli_options import DEPRECATED_TRACE
 from dlserve.cli_options import parser as _parser
 from dlserve.frontends.restrictions import (
@@ -97,6 +98,7 @@ def _restrictions(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    warnings = triton_options.check(args, parser)
     tls = _grpc_tls(args, parser)
     cache = _cache(args, parser)
     grpc_restrictions, http_restrictions = _restrictions(args, parser)
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname).1s %(name)s: %(message)s"
     )
+    for warning in warnings:  # Triton's tuning options: accepted, said to change nothing
+        print(warning, file=sys.stderr)
     from dlserve.server import ServerOptions, run
 
     options = ServerOptions(

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dlserve import __version__
+from dlserve import __version__, triton_options
 from dlserve.frontends.restrictions import GROUPS
 
 DEPRECATED_TRACE = {
@@ -52,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
     _tuning_options(serve.add_argument_group("shared memory, latency, GPUs"))
     _tls_options(serve.add_argument_group("gRPC over TLS (Triton's options)"))
     _access_options(serve.add_argument_group("endpoint access (Triton's options)"))
+    triton_options.add_options(serve)  # hidden: answered in main(), see triton_options
     return parser
 
 

@@ -150,3 +150,27 @@ def test_log_format_at_startup_reaches_the_settings_and_the_workers(tmp_path: Pa
         tensor.set_data_from_numpy(np.zeros(1, np.float32))  # the model says what it was told
         assert client.infer("log_levels", [tensor]).as_numpy("OUTPUT0")[2] == b"ISO8601"
         client.close()
+
+
+def test_triton_tuning_options_are_accepted_and_change_nothing(tmp_path: Path) -> None:
+    """A Triton command line's pool sizes, thread counts and backend settings: the server
+    starts and serves (each one is named in a warning at start, see triton_options)."""
+    repository = repository_of(tmp_path, EXAMPLES / "add_sub")
+    tuning = ("--pinned-memory-pool-byte-size=268435456", "--cuda-memory-pool-byte-size=0:0",
+              "--backend-config=python,shm-default-byte-size=1048576",
+              "--backend-config", "python,stub-timeout-seconds=60", "--http-thread-count", "4",
+              "--backend-directory=/opt/tritonserver/backends")  # fmt: skip
+    with run_server(repository, *tuning) as server:
+        _add_sub(grpcclient.InferenceServerClient(server.grpc_url))
+        _add_sub(httpclient.InferenceServerClient(server.http_url))
+
+
+def test_triton_feature_options_are_refused_with_their_reasons(tmp_path: Path) -> None:
+    features = ("--rate-limit=execution_count", "--allow-sagemaker", "true",
+                "--grpc-keepalive-time=7200000")  # fmt: skip
+    done = _serve_until_exit(tmp_path, *features)
+    assert done.returncode == 2
+    for reason in ("--rate-limit: Triton's rate limiter", "--allow-sagemaker: the SageMaker",
+                   "--grpc-keepalive-time: gRPC keepalive pings sent by the server"):  # fmt: skip
+        assert reason in done.stderr, done.stderr
+    assert "Started" not in done.stdout
