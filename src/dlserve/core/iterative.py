@@ -23,8 +23,9 @@ from collections import Counter, deque
 from typing import Any
 
 from dlserve import errors
+from dlserve.core.executions import Execution
 from dlserve.core.queues import Job
-from dlserve.core.scheduler import Scheduler, _Execution, fail_job
+from dlserve.core.scheduler import Scheduler, fail_job
 from dlserve.core.stats import ModelStats
 from dlserve.workers.client import ReplyCallback, WorkerBase
 from dlserve.workers.pool import WorkerPool
@@ -34,6 +35,7 @@ from dlserve.workers.replies import Outcome, WorkerReply
 class IterativeScheduler(Scheduler):
     def __init__(self, name: str, pool: WorkerPool, config: Any, stats: ModelStats) -> None:
         super().__init__(name, pool, config, stats)
+        self._prefetch = False  # requests wait in their slots and sequences, not at an instance
         self._instances = len(pool.workers)
         # slot s belongs to instance s % instances
         self._slots: list[Job | None] = [None] * (self._instances * max(1, config.max_batch_size))
@@ -110,7 +112,7 @@ class IterativeScheduler(Scheduler):
         live = [job for job in jobs if self._still_wanted(job, worker)]
         if not live:
             return
-        execution = _Execution(worker, len(live), sum(max(j.batch, 1) for j in live))
+        execution = Execution(worker, len(live), sum(max(j.batch, 1) for j in live))
         callbacks: list[ReplyCallback] = []
         for job in live:
             on_reply = self._on_reply if job.sink is None else self._on_stream_end
@@ -155,7 +157,7 @@ class IterativeScheduler(Scheduler):
         return True
 
     # -- answers ---------------------------------------------------------------------------
-    def _on_reply(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
+    def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
         self._executing.discard(id(job))
         if isinstance(outcome, tuple) and outcome[0].rescheduled:
             self.stats.inference_count += max(job.batch, 1)  # each execute's, as Triton counts
@@ -168,7 +170,7 @@ class IterativeScheduler(Scheduler):
             self._leave(job)  # its slot goes to the backlog before the instance is free
             super()._on_reply(execution, job, outcome)  # the reply; frees the instance
 
-    def _on_stream_free(self, execution: _Execution, job: Job) -> None:
+    def _on_stream_free(self, execution: Execution, job: Job) -> None:
         """A decoupled request's execute returned (rescheduled or not), or it ended."""
         self._executing.discard(id(job))
         sink = job.sink
@@ -188,7 +190,7 @@ class IterativeScheduler(Scheduler):
         if job.sent is not None:
             job.sent[0].forget(job.sent[1])
 
-    def _executed(self, execution: _Execution) -> None:
+    def _executed(self, execution: Execution) -> None:
         execution.remaining -= 1
         if execution.remaining == 0:
             self._busy.discard(execution.worker)

@@ -168,6 +168,17 @@ class JobQueue:
         self._size += 1
         self._timed += job.deadline_ns != 0
 
+    def push_front(self, job: Job) -> None:
+        """Put ``job`` back at the head of its level (sent to an instance that died before
+        it started): it was admitted already, so no queue limit applies."""
+        level = self._levels.get(job.level)
+        if level is None:
+            level = self._levels[job.level] = _Level(self.policy.policy(job.level))
+            self._levels = dict(sorted(self._levels.items()))
+        level.queue.appendleft(job)
+        self._size += 1
+        self._timed += job.deadline_ns != 0
+
     def remove(self, job: Job) -> bool:
         """Take a job out (its client went away); False when it is not queued."""
         level = self._levels.get(job.level)

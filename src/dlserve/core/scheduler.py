@@ -1,10 +1,17 @@
 """One model version's scheduler: requests wait here until an instance is free.
 
-Every instance runs one ``execute`` at a time, as in Triton: a request is sent to a
-worker only when the worker has answered everything it was given, so requests queue in
-the server (where priorities, timeouts and cancellation can act on them), never in a
-worker's socket. With ``dynamic_batching`` one execute gets several requests
-(:mod:`dlserve.core.queues` decides which); without it, one.
+Every instance runs one ``execute`` at a time, as in Triton. With ``dynamic_batching`` one
+execute gets several requests (:mod:`dlserve.core.queues` decides which), and a request is
+sent to a worker only when the worker has answered everything it was given, so requests
+queue in the server, where priorities, timeouts and the batcher act on them.
+
+Without it (and not decoupled) a model has none of those, and one more request may wait at
+a busy instance, in its socket: the worker starts it as soon as its ``execute`` returns,
+without waiting for the server to read the reply and send the next one (the server and
+the worker work at the same time; on 2 vCPUs 8 clients get 10-40 % more requests through
+one instance, docs/benchmarks.md). Such a request is still the server's: a client that
+leaves cancels it (the worker answers it without running it), and if the instance dies
+before it started it goes back to the head of the queue, as if it had never left.
 
 Nothing here runs in a task of its own: requests are dispatched when one arrives, when
 an instance answers, when an instance restarts, and on a timer for queue delays and
@@ -18,10 +25,10 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Any, cast
 
 from dlserve import errors
+from dlserve.core.executions import Execution, InFlight
 from dlserve.core.queues import TIMEOUT_EXPIRED, BatchPolicy, Job, JobQueue
 from dlserve.core.regions import RegionLease
 from dlserve.core.sequence_config import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, pop_sequence
@@ -43,16 +50,6 @@ TIMEOUT = "timeout"
 _CONSUMED = frozenset((PRIORITY, TIMEOUT, SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END))
 
 
-@dataclass(slots=True)
-class _Execution:
-    """One execute() call in flight on one worker."""
-
-    worker: WorkerBase
-    remaining: int  # replies still to come
-    batch_size: int  # inferences in all
-    recorded: bool = False
-
-
 class Scheduler:
     def __init__(self, name: str, pool: WorkerPool, config: Any, stats: ModelStats) -> None:
         self.name = name
@@ -60,7 +57,12 @@ class Scheduler:
         self.policy = BatchPolicy.from_config(config)
         self.queue = JobQueue(self.policy)
         self.stats = stats
-        self._busy: set[WorkerBase] = set()
+        self._flight = InFlight()
+        self._busy = self._flight.busy  # instances with an execution in flight
+        # one request may wait at a busy instance (module docstring): nothing to batch,
+        # prioritize or time out, and an instance of a decoupled model is busy until its
+        # execute returns, which only its notice says
+        self._prefetch = not self.policy.dynamic and not config.model_transaction_policy.decoupled
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._idle: asyncio.Future[None] | None = None  # drain() waits on it
@@ -135,14 +137,16 @@ class Scheduler:
                     f"no instance of model '{self.name}' is available (restarting)"
                 )
             self.queue.push(job)
-            self.stats.pending = len(self.queue)
+            self._update_pending()
             self.dispatch()
         try:
             return await job.future
         except asyncio.CancelledError:
             if self.queue.remove(job):
-                self.stats.pending = len(self.queue)
-            elif job.sent is not None:  # executing: the model sees is_cancelled()
+                self._update_pending()
+            elif job.sent is not None:  # executing (or waiting at its instance): the model
+                self._flight.cancelled(job)  # sees is_cancelled() (or it is answered unrun)
+                self._update_pending()
                 job.sent[0].cancel(job.sent[1])
             raise
 
@@ -171,7 +175,7 @@ class Scheduler:
             if not count:
                 break
             self._send(worker, self.queue.take(count))
-        self.stats.pending = len(self.queue)
+        self._update_pending()
         if len(self.queue):
             self._wake_up(now, wait)
         elif not self._busy and self._idle is not None and not self._idle.done():
@@ -184,14 +188,18 @@ class Scheduler:
         """A free instance for a batch whose head request has its CUDA input on GPU
         ``device``: one on that GPU when the model has any there (waiting for it if they
         are busy), else any (the request crosses devices: said once, and counted)."""
+        workers = self._candidates(device)
+        free = next((w for w in workers if w not in self._busy), None)
+        if free is None and self._prefetch:  # none idle: one with nothing waiting yet
+            free = next((w for w in workers if self._flight.has_one(w)), None)
+        return free
+
+    def _candidates(self, device: int | None) -> list[WorkerBase]:
         if device is not None:
             on_device = self.pool.on_device(device)
             if on_device:
-                return next((w for w in on_device if w not in self._busy), None)
-        for worker in self.pool.workers:
-            if worker is not None and worker.alive and worker not in self._busy:
-                return worker
-        return None
+                return on_device
+        return [w for w in self.pool.workers if w is not None and w.alive]
 
     def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
         devices = [job.device for job in jobs if job.device is not None]
@@ -234,7 +242,7 @@ class Scheduler:
         live = [job for job in jobs if not job.future.done()]
         if not live:
             return
-        execution = _Execution(worker, len(live), 0)
+        execution = self._flight.prepare(worker, live)
         callbacks: list[ReplyCallback] = []
         for job in live:
             execution.batch_size += job.batch if job.batch > 1 else 1
@@ -250,6 +258,7 @@ class Scheduler:
             for job in live:
                 fail_job(job, exc)
             return
+        self._flight.sent(execution)
         for job, rid in zip(live, rids, strict=True):
             job.sent = (worker, rid)
             if job.sink is not None:  # decoupled: its responses stream from now on
@@ -257,9 +266,10 @@ class Scheduler:
                 job.sink.on_executed = functools.partial(self._record_execution, execution)
                 worker.attach_stream(rid, job.sink)
                 job.future.set_result(None)
-        self._busy.add(worker)
+        if execution.ahead is not None:  # it waits at the instance: still pending
+            self._update_pending()
 
-    def _on_stream_end(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
+    def _on_stream_end(self, execution: Execution, job: Job, outcome: Outcome) -> None:
         """A decoupled request that ended without its final response: its worker died, or
         it was cancelled before it started (then the worker answers it once)."""
         assert job.sink is not None
@@ -270,17 +280,20 @@ class Scheduler:
         else:
             job.sink.end(outcome)
 
-    def _on_free(self, execution: _Execution) -> None:
+    def _on_free(self, execution: Execution) -> None:
         """One of a decoupled execution's requests is done with its instance: ``execute``
         returned, or the request ended first."""
         execution.remaining -= 1
         if execution.remaining == 0:
-            self._busy.discard(execution.worker)
+            self._flight.done(execution)
             self.dispatch()
 
-    def _on_reply(self, execution: _Execution, job: Job, outcome: Outcome) -> None:
+    def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
         worker = execution.worker
         if isinstance(outcome, tuple):
+            if not execution.answered:
+                self._flight.answered(execution)  # the one waiting behind it starts
+                self._update_pending()
             if outcome[0].timings is not None:
                 self._record_execution(execution, outcome[0].timings)
             if job.future.done():  # its client went away meanwhile
@@ -291,14 +304,27 @@ class Scheduler:
                     job.future.set_result(reply)
                 except errors.DlserveError as exc:
                     job.future.set_exception(exc)
+        elif isinstance(outcome, errors.WorkerDiedError) and execution.was_waiting():
+            self._flight.waiting.discard(execution)
+            self._requeue(job)  # it never started: another instance (or the restart) runs it
         else:
             fail_job(job, outcome)
         execution.remaining -= 1
         if execution.remaining == 0:
-            self._busy.discard(worker)
+            self._flight.done(execution)
             self.dispatch()
 
-    def _record_execution(self, execution: _Execution, t: m.Timings) -> None:
+    def _requeue(self, job: Job) -> None:
+        job.sent = None
+        self.queue.push_front(job)
+        self._update_pending()
+
+    def _update_pending(self) -> None:
+        """Triton's pending count: requests awaiting execution, in the queue or at an
+        instance behind another execute."""
+        self.stats.pending = len(self.queue) + len(self._flight.waiting)
+
+    def _record_execution(self, execution: Execution, t: m.Timings) -> None:
         if execution.recorded:
             return
         execution.recorded = True

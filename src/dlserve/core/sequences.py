@@ -58,6 +58,7 @@ class _Sequence:
 class SequenceScheduler(Scheduler):
     def __init__(self, name: str, pool: WorkerPool, config: Any, stats: ModelStats) -> None:
         super().__init__(name, pool, config, stats)
+        self._prefetch = False  # requests wait in their slots and sequences, not at an instance
         self.settings = SequenceSettings.from_config(config)
         self._instances = len(pool.workers)
         # slot s belongs to instance s % instances
