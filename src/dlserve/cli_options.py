@@ -39,7 +39,10 @@ def _flag(text: str) -> bool:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlserve", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="dlserve",
+        description="dlserve serve --model-repository DIR: serve a Triton model repository",
+    )
     parser.add_argument("--version", action="version", version=f"dlserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a Triton model repository")

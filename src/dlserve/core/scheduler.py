@@ -8,7 +8,7 @@ queue in the server, where priorities, timeouts and the batcher act on them.
 Without it (and not decoupled) a model has none of those, and one more request may wait at
 a busy instance, in its socket: the worker starts it as soon as its ``execute`` returns,
 without waiting for the server to read the reply and send the next one (the server and
-the worker work at the same time; on 2 vCPUs 8 clients get 10-40 % more requests through
+the worker work at the same time; on 2 vCPUs 8 clients got 4-36 % more requests through
 one instance, docs/benchmarks.md). Such a request is still the server's: a client that
 leaves cancels it (the worker answers it without running it), and if the instance dies
 before it started it goes back to the head of the queue, as if it had never left.
