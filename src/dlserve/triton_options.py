@@ -86,6 +86,19 @@ UNSUPPORTED: Final = {name: Unsupported(True, reason) for name, reason in _TUNIN
 }
 
 
+_GLOBAL_BACKEND_SETTING: Final = (
+    "a setting for every backend (such as default-max-batch-size, the max_batch_size "
+    "Triton's auto-complete gives models that support batching): dlserve applies none; "
+    "set it in the models' configs"
+)
+
+
+def _is_global(value: str) -> bool:
+    """``--backend-config=<setting>=<value>``: no backend named before a comma."""
+    name, _, _ = value.partition("=")
+    return "," not in name
+
+
 def add_options(group: Any) -> None:
     """Each option takes a value (as all of Triton's do) and may be repeated."""
     for name in UNSUPPORTED:
@@ -103,6 +116,8 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str
     given = _given(args)
     refused = [f"{name}: {UNSUPPORTED[name].reason}" for name in given
                if not UNSUPPORTED[name].tuning]  # fmt: skip
+    refused += [f"--backend-config={value}: {_GLOBAL_BACKEND_SETTING}"
+                for value in args.backend_config if _is_global(value)]  # fmt: skip
     if refused:
         parser.error("dlserve does not do what these Triton options ask for: "
                      + "; ".join(refused))  # fmt: skip
