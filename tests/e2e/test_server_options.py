@@ -173,7 +173,8 @@ def test_triton_feature_options_are_refused_with_their_reasons(tmp_path: Path) -
     assert done.returncode == 2
     reasons = ("--rate-limit: Triton's rate limiter", "--allow-sagemaker: the SageMaker",
                "--grpc-keepalive-time: gRPC keepalive pings sent by the server",
-               "--backend-config=default-max-batch-size=8: a setting for every backend")  # fmt: skip
+               "--backend-config=default-max-batch-size=8: a setting for every backend",
+               )  # fmt: skip
     for reason in reasons:
         assert reason in done.stderr, done.stderr
     assert "Started" not in done.stdout
