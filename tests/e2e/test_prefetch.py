@@ -1,8 +1,8 @@
-"""A model without dynamic batching: one more request waits at a busy instance, in its
-worker's socket, so the worker starts it as soon as its execute returns, without the
-server (core/scheduler.py). Such a request still counts as pending, and it is still the
-server's: a client that leaves cancels it unrun (test_scheduling.py, HTTP), and an
-instance that dies before it started sends it back to the queue."""
+"""A model without dynamic batching and with one instance: one more request waits at the
+busy instance, in its worker's socket, so the worker starts it as soon as its execute
+returns, without the server (core/scheduler.py). Such a request still counts as pending,
+and it is still the server's: a client that leaves cancels it unrun (test_scheduling.py,
+HTTP), and an instance that dies before it started sends it back to the queue."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    models = (TEST_MODELS / "gated", TEST_MODELS / "gated_pair")
+    models = (TEST_MODELS / "gated",)
     with run_server(repository_of(tmp_path_factory.mktemp("prefetch_repo"), *models)) as running:
         yield running
 
@@ -80,31 +80,29 @@ def test_the_worker_starts_the_waiting_request_without_the_server(
     client.close()
 
 
-def test_a_request_waiting_at_an_instance_that_dies_is_served_by_another(
+def test_a_request_waiting_at_an_instance_that_dies_goes_back_to_the_queue(
     server: RunningServer, tmp_path: Path
 ) -> None:
-    """Two instances, both busy, one request waiting behind each running one: the instance
-    whose running request crashes it (os._exit) loses only that request; the one waiting
-    behind it had not started, goes back to the queue and is served."""
+    """The running request crashes the instance (os._exit): the one waiting behind it had
+    not started, so it goes back to the queue and fares as a queued request does while the
+    model's only instance restarts (UNAVAILABLE, "restarting"), not as the crashed one;
+    the restarted instance serves what comes next."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    crasher = Held(client, "gated_pair", tmp_path, -1.0)  # the first instance
+    crasher = Held(client, "gated", tmp_path, -1.0)
     crasher.gate.wait_started(DEADLINE_S)
-    other = Held(client, "gated_pair", tmp_path, 1.0)  # the second instance
-    other.gate.wait_started(DEADLINE_S)
-    behind_crasher = Held(client, "gated_pair", tmp_path, 2.0)
-    wait_pending(server, "gated_pair", 1)  # it waits at the first instance
-    behind_other = Held(client, "gated_pair", tmp_path, 3.0)
-    wait_pending(server, "gated_pair", 2)  # it waits at the second
-    crasher.gate.open()  # the first instance exits
-    failure = crasher.outcome()
-    assert isinstance(failure, InferenceServerException), failure
-    assert "exited unexpectedly" in str(failure)
-    behind_crasher.gate.wait_started(DEADLINE_S)  # run after all, on the restarted instance
-    behind_crasher.gate.open()
-    other.gate.open()
-    behind_other.gate.wait_started(DEADLINE_S)
-    behind_other.gate.open()
-    for request in (other, behind_crasher, behind_other):
-        request.succeeded()
-    wait_pending(server, "gated_pair", 0)
+    behind = Held(client, "gated", tmp_path, 2.0)
+    wait_pending(server, "gated", 1)  # it waits at the instance
+    crasher.gate.open()  # the instance exits
+    crashed, requeued = crasher.outcome(), behind.outcome()
+    assert isinstance(crashed, InferenceServerException), crashed
+    assert "exited unexpectedly" in str(crashed)
+    assert isinstance(requeued, InferenceServerException), requeued
+    assert "is available (restarting)" in str(requeued), requeued  # failed from the queue
+    wait_pending(server, "gated", 0)
+    while not client.is_model_ready("gated"):  # the restart; each ask is a round trip
+        pass
+    after = Held(client, "gated", tmp_path, 3.0)
+    after.gate.wait_started(DEADLINE_S)
+    after.gate.open()
+    after.succeeded()
     client.close()

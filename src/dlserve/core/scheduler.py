@@ -5,13 +5,16 @@ execute gets several requests (:mod:`dlserve.core.queues` decides which), and a 
 sent to a worker only when the worker has answered everything it was given, so requests
 queue in the server, where priorities, timeouts and the batcher act on them.
 
-Without it (and not decoupled) a model has none of those, and one more request may wait at
-a busy instance, in its socket: the worker starts it as soon as its ``execute`` returns,
-without waiting for the server to read the reply and send the next one (the server and
-the worker work at the same time; on 2 vCPUs 8 clients got 4-36 % more requests through
-one instance, docs/benchmarks.md). Such a request is still the server's: a client that
-leaves cancels it (the worker answers it without running it), and if the instance dies
-before it started it goes back to the head of the queue, as if it had never left.
+Without it (and not decoupled) a model has none of those, and when a request can run on one
+instance only (the model has one, or one on the GPU its CUDA input is on) one more request
+may wait at that instance while it is busy, in its socket: the worker starts it as soon as
+its ``execute`` returns, without waiting for the server to read the reply and send the
+next one (the server and the worker work at the same time; on 2 vCPUs 8 clients got 4-36 %
+more requests through one instance, docs/benchmarks.md). With several instances to choose
+from, requests wait here, so that whichever instance frees first takes the next. A request
+waiting at an instance is still the server's: a client that leaves cancels it (the worker
+answers it without running it), and if the instance dies before it started it goes back to
+the head of the queue, as if it had never left.
 
 Nothing here runs in a task of its own: requests are dispatched when one arrives, when
 an instance answers, when an instance restarts, and on a timer for queue delays and
@@ -60,7 +63,7 @@ class Scheduler:
         self._flight = InFlight()
         self._busy = self._flight.busy  # instances with an execution in flight
         # one request may wait at a busy instance (module docstring): nothing to batch,
-        # prioritize or time out, and an instance of a decoupled model is busy until its
+        # prioritize or time out; an instance of a decoupled model is busy until its
         # execute returns, which only its notice says
         self._prefetch = not self.policy.dynamic and not config.model_transaction_policy.decoupled
         self._timer: asyncio.TimerHandle | None = None
@@ -188,18 +191,22 @@ class Scheduler:
         """A free instance for a batch whose head request has its CUDA input on GPU
         ``device``: one on that GPU when the model has any there (waiting for it if they
         are busy), else any (the request crosses devices: said once, and counted)."""
-        workers = self._candidates(device)
+        workers, only = self._candidates(device)
         free = next((w for w in workers if w not in self._busy), None)
-        if free is None and self._prefetch:  # none idle: one with nothing waiting yet
-            free = next((w for w in workers if self._flight.has_one(w)), None)
+        if free is None and only is not None and self._prefetch and self._flight.has_one(only):
+            free = only  # the one instance it can run on: it waits there, not here
         return free
 
-    def _candidates(self, device: int | None) -> list[WorkerBase]:
+    def _candidates(self, device: int | None) -> tuple[list[WorkerBase], WorkerBase | None]:
+        """The instances a request may go to, and the one it must go to when there is only
+        one (the model has one instance, or one on the GPU its CUDA input is on): with more,
+        a request waiting at one busy instance could be passed by another that frees first."""
         if device is not None:
             on_device = self.pool.on_device(device)
             if on_device:
-                return on_device
-        return [w for w in self.pool.workers if w is not None and w.alive]
+                return on_device, on_device[0] if len(on_device) == 1 else None
+        workers = [w for w in self.pool.workers if w is not None and w.alive]
+        return workers, workers[0] if len(self.pool.workers) == 1 and workers else None
 
     def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
         devices = [job.device for job in jobs if job.device is not None]

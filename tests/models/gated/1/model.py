@@ -13,7 +13,7 @@ class TritonPythonModel:
             with open(go.decode()) as fifo:
                 fifo.readline()  # the test says go
             data = pb_utils.get_input_tensor_by_name(request, "DATA").as_numpy()
-            if (data == -1).any():  # a crash mid-request (gated_pair's tests)
+            if (data == -1).any():  # a crash mid-request (test_prefetch.py)
                 os._exit(1)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data * 2)]))
         return responses

@@ -1,1 +1,0 @@
-../../gated/1/model.py
