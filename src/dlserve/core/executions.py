@@ -61,6 +61,9 @@ class InFlight:
         if execution.answered:
             return
         execution.answered = True
+        self._behind_starts(execution)
+
+    def _behind_starts(self, execution: Execution) -> None:
         behind = self._newest.get(execution.worker)
         if behind is not None and behind.ahead is execution:
             self.waiting.discard(behind)
@@ -69,6 +72,7 @@ class InFlight:
         """``execution`` has all its replies (or failures): its instance may take more."""
         worker = execution.worker
         self.waiting.discard(execution)
+        self._behind_starts(execution)  # also when it failed: nothing holds that one now
         count = self._count.pop(worker, 1) - 1
         if count > 0:
             self._count[worker] = count
