@@ -3,6 +3,7 @@ request waits at a busy instance behind the one it runs (core/scheduler.py says 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlserve.core.queues import Job
@@ -19,7 +20,7 @@ class Execution:
     recorded: bool = False
     ahead: Execution | None = None  # in flight on the worker when this one was sent
     answered: bool = False  # the worker replied: its execute returned
-    jobs: tuple[Job, ...] = ()
+    jobs: Sequence[Job] = ()
 
     def was_waiting(self) -> bool:
         """Whether it was still waiting in its worker's socket: the one ahead of it had not
@@ -43,7 +44,7 @@ class InFlight:
     def prepare(self, worker: WorkerBase, jobs: list[Job]) -> Execution:
         """An execution of ``jobs`` on ``worker``, behind the one it runs (if any); it is
         in flight once :meth:`sent` says so."""
-        return Execution(worker, len(jobs), 0, ahead=self._newest.get(worker), jobs=tuple(jobs))
+        return Execution(worker, len(jobs), 0, ahead=self._newest.get(worker), jobs=jobs)
 
     def sent(self, execution: Execution) -> None:
         """The worker has ``execution`` (its frame went out)."""
@@ -56,17 +57,20 @@ class InFlight:
         if ahead is not None and not ahead.answered:
             self.waiting.add(execution)
 
-    def answered(self, execution: Execution) -> None:
-        """A reply of ``execution`` came: its execute returned, the one behind it starts."""
+    def answered(self, execution: Execution) -> bool:
+        """A reply of ``execution`` came: its execute returned, the one behind it starts.
+        Whether one was waiting behind it."""
         if execution.answered:
-            return
+            return False
         execution.answered = True
-        self._behind_starts(execution)
+        return self._behind_starts(execution)
 
-    def _behind_starts(self, execution: Execution) -> None:
+    def _behind_starts(self, execution: Execution) -> bool:
         behind = self._newest.get(execution.worker)
-        if behind is not None and behind.ahead is execution:
+        if behind is not None and behind.ahead is execution and behind in self.waiting:
             self.waiting.discard(behind)
+            return True
+        return False
 
     def done(self, execution: Execution) -> None:
         """``execution`` has all its replies (or failures): its instance may take more."""

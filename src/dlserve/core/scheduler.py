@@ -191,22 +191,24 @@ class Scheduler:
         """A free instance for a batch whose head request has its CUDA input on GPU
         ``device``: one on that GPU when the model has any there (waiting for it if they
         are busy), else any (the request crosses devices: said once, and counted)."""
-        workers, only = self._candidates(device)
-        free = next((w for w in workers if w not in self._busy), None)
-        if free is None and only is not None and self._prefetch and self._flight.has_one(only):
-            free = only  # the one instance it can run on: it waits there, not here
-        return free
-
-    def _candidates(self, device: int | None) -> tuple[list[WorkerBase], WorkerBase | None]:
-        """The instances a request may go to, and the one it must go to when there is only
-        one (the model has one instance, or one on the GPU its CUDA input is on): with more,
-        a request waiting at one busy instance could be passed by another that frees first."""
         if device is not None:
             on_device = self.pool.on_device(device)
             if on_device:
-                return on_device, on_device[0] if len(on_device) == 1 else None
-        workers = [w for w in self.pool.workers if w is not None and w.alive]
-        return workers, workers[0] if len(self.pool.workers) == 1 and workers else None
+                free = next((w for w in on_device if w not in self._busy), None)
+                return free if free is not None or len(on_device) > 1 else self._sole(on_device[0])
+        workers = self.pool.workers
+        for worker in workers:
+            if worker is not None and worker.alive and worker not in self._busy:
+                return worker
+        return self._sole(workers[0]) if len(workers) == 1 else None
+
+    def _sole(self, worker: WorkerBase | None) -> WorkerBase | None:
+        """The model's one instance (or the one on the request's GPU), busy: the request
+        waits there rather than here when nothing waits there yet. With several instances
+        it waits here, so that whichever frees first takes it."""
+        if worker is not None and worker.alive and self._prefetch and self._flight.has_one(worker):
+            return worker
+        return None
 
     def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
         devices = [job.device for job in jobs if job.device is not None]
@@ -298,9 +300,8 @@ class Scheduler:
     def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
         worker = execution.worker
         if isinstance(outcome, tuple):
-            if not execution.answered:
-                self._flight.answered(execution)  # the one waiting behind it starts
-                self._update_pending()
+            if not execution.answered and self._flight.answered(execution):
+                self._update_pending()  # the one waiting behind it starts
             if outcome[0].timings is not None:
                 self._record_execution(execution, outcome[0].timings)
             if job.future.done():  # its client went away meanwhile
