@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,
+        bls_direct=args.bls_direct,
         grpc_tls=tls,
         trace=trace,
         cache=cache,

@@ -213,6 +213,11 @@ def _tuning_options(group: Any) -> None:
         "before it sleeps, yielding the CPU to anyone runnable (default 2000; 0: off)",
     )  # fmt: skip
     group.add_argument(
+        "--bls-direct", type=_flag, default=True, metavar="BOOL",
+        help="BLS calls to plain models go from the caller's worker straight to the callee's, "
+        "not through the server (false: every call through the server)",
+    )  # fmt: skip
+    group.add_argument(
         "--mps", action="store_true",
         help="start a private NVIDIA MPS daemon for the workers, so their GPU work shares "
         "one context instead of the GPU switching between processes (docs/pitfalls.md)",

@@ -67,6 +67,7 @@ class ServerOptions:
     grpc_uds: str | None = None  # gRPC also listens on this Unix socket path
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
+    bls_direct: bool = True  # BLS calls may go from worker to worker (core/direct.py)
     log_verbose: int = 0  # --log-verbose
     log_levels: tuple[bool, bool, bool] = (True, True, True)  # --log-info/warning/error
     log_file: str = ""  # --log-file
@@ -103,6 +104,7 @@ class Server:
             log_format=options.log_format,
             cpu_metrics=options.cpu_metrics,
             gpu_metrics=options.gpu_metrics,
+            bls_direct=options.bls_direct,
         )
         repository = Repository(options.model_repository, options.model_config_name)
         self.service = InferenceService(repository, service_options)

@@ -34,10 +34,15 @@ MODELS = ("double", "async_execute", "in_place", "raises", "gated", "repeat", "b
           "bls_bounce", "cancellable")  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+@pytest.fixture(scope="module", params=["true", "false"], ids=["direct", "through-server"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RunningServer]:
+    """Each test runs twice: with calls to plain models going straight to the callee's
+    instance (the default), and with every call through the server (--bls-direct false)."""
     models = (TEST_MODELS / name for name in MODELS)
-    with run_server(repository_of(tmp_path_factory.mktemp("bls_repo"), *models)) as running:
+    repository = repository_of(tmp_path_factory.mktemp("bls_repo"), *models)
+    with run_server(repository, "--bls-direct", request.param) as running:
         yield running
 
 

@@ -10,6 +10,10 @@ any other frame (Infer, Release, Shutdown ...) is queued for the serve loop. So 
 answer is read whether ``execute`` blocks in ``exec()``, awaits ``async_exec()``, or
 has returned while a thread of the model waits.
 
+Other workers may call this instance directly (BLS without the server: ``direct.py``,
+``direct_serving.py``): the serve loop then waits on their connections too, and runs
+their requests in turn with the server's.
+
 Links are per thread (the server can run several in-process workers as threads of
 one process, each with its own channel). A worker process also makes its link the
 process-wide default, so that threads the model starts find it.
@@ -19,30 +23,39 @@ from __future__ import annotations
 
 import itertools
 import select
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
+from dlserve.backend.direct import DirectCalls
+from dlserve.backend.direct_serving import Served, ServedCalls
 from dlserve.backend.errors import TritonModelException
+from dlserve.backend.link_flow import FlowControl, Window
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 
 if TYPE_CHECKING:
-    from dlserve.backend.bls import BlsMemory
+    from dlserve.backend.bls_tensors import BlsMemory
 
 Frame = tuple[m.ServerToWorker, memoryview]
-Answer = m.MetricValueReply | m.BlsReply | m.ControlReply
+Answer = m.MetricValueReply | m.BlsReply | m.ControlReply | m.DirectTargets
 CALL_TIMEOUT_S: Final = 30.0
-HOLD_RECHECK_S: Final = 0.2  # a held send that reads looks at its window this often at least
 
 
-class WorkerLink:
+class WorkerLink(FlowControl):
     """One worker's channel: sends from any thread, reads by whoever holds the reader role."""
 
-    def __init__(self, channel: BlockingChannel[m.ServerToWorker]) -> None:
+    def __init__(
+        self, channel: BlockingChannel[m.ServerToWorker], fd_socket: socket.socket | None = None
+    ) -> None:
         self._channel = channel
+        self._fd_socket = fd_socket  # descriptors from the server (direct BLS sockets)
+        self.spin_ns = channel.spin_ns
+        self.direct = DirectCalls(self)  # models this one calls directly
+        self.served = ServedCalls(channel.spin_ns)  # workers that call this one directly
         self._queued: deque[Frame] = deque()  # frames for the serve loop
         self._answers: dict[int, deque[tuple[Answer, memoryview]]] = {}  # by call id
         self._send_lock = threading.Lock()
@@ -61,29 +74,36 @@ class WorkerLink:
         self.upstream: list[str] = []  # BLS: the models upstream of the request executing
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
         # flow control: decoupled requests' responses not yet taken by the consumer, by rid
-        self._windows: dict[int, _Window] = {}
+        self._windows: dict[int, Window] = {}
         self.stopping = False  # Shutdown has come: a send held back is given up
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                self._channel.send(message, payload)
+                stats = self.direct.take_records()
+                if stats is None:
+                    self._channel.send(message, payload)
+                else:  # direct calls' statistics first: counted before this reply is
+                    self._channel.send_many([(stats, ()), (message, payload)])
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
+        self.direct.flush()
 
     def send_many(self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
         """Send frames in one system call (the replies of one execute: the server wakes
         once for them); raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                self._channel.send_many(frames)
+                stats = self.direct.take_records()
+                self._channel.send_many(frames if stats is None else [(stats, ()), *frames])
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
+        self.direct.flush()
 
     def _send_pending(self) -> None:
         """What waits to ride along with a frame: peer releases, BLS call stops."""
@@ -119,82 +139,74 @@ class WorkerLink:
 
     # -- the serve loop -----------------------------------------------------------------
     def recv(self) -> Frame:
-        """The next frame for the serve loop: queued ones first. Raises ChannelClosed."""
+        """The next frame from the server (for a serve loop that serves no direct callers)."""
+        frame, direct = self.next_work()
+        assert direct is None, "a direct caller's frame: the serve loop uses next_work"
+        return frame
+
+    def next_work(self) -> tuple[Frame, Served | None]:
+        """The next frame for the serve loop, and the connection of the worker that sent it
+        when it came from a direct caller (None: from the server). Queued ones first.
+        Raises ChannelClosed when the server has gone away."""
         while True:
             with self._lock:
                 while True:
                     if self._queued:
-                        return self._queued.popleft()
+                        return self._queued.popleft(), None
                     if self._closed:
                         raise ChannelClosed("connection closed")
                     if not self._reading:
                         self._reading = True
                         break
                     self._wait(None)
+            if self.served.connections:
+                direct = self._read_direct()
+                if direct is not None:
+                    return direct
+                continue
             frame = self._read(None)
-            with self._lock:  # one locked section: give up the role, hand over or route
-                self._stop_reading()
-                if frame is None:
-                    continue
-                msg = frame[0]
-                if isinstance(msg, _ROUTED):  # answers, Cancel, Credit: handled here
-                    self._dispatch(frame)
-                    continue
-                if isinstance(msg, m.Shutdown):  # a send held back gives up (flow control)
-                    self.stopping = True
-                    self._notify()
-                if not self._queued:  # the usual case: hand it over directly
-                    return frame
-                self._queued.append(frame)
+            if self._served_frame(frame):
+                return frame, None  # type: ignore[return-value]
 
-    # -- flow control: a decoupled request's responses not yet taken ----------------------
-    def open_window(self, rid: int) -> None:
-        """Request ``rid`` is decoupled: its sends are counted against the window."""
-        with self._lock:  # a rescheduled request (iterative sequences) keeps its window
-            self._windows.setdefault(rid, _Window())
-
-    def close_window(self, rid: int) -> None:
-        """Request ``rid`` has sent its final flag: credit that comes later is dropped, and
-        a send still held (another thread's) is given up."""
-        with self._lock:
-            self._windows.pop(rid, None)
-            self._notify()
-
-    def hold_send(self, rid: int, cancelled: Callable[[], bool]) -> bool:
-        """Wait until request ``rid`` may send one more response (its consumer has taken
-        enough of the earlier ones) and count it; whichever thread waits reads frames
-        meanwhile, as :meth:`wait_answer` does. False when the send is to be given up:
-        ``cancelled()`` turned true (the consumer left), the request has ended (its final
-        flag went out from another thread), the worker is stopping, or the server has gone
-        away."""
-        while True:
-            with self._lock:
-                while True:
-                    window = self._windows.get(rid)
-                    if window is None:
-                        return False  # the final flag has gone: nothing follows it
-                    if cancelled() or self.stopping or self._closed:
-                        return False
-                    if window.has_room():
-                        window.responses += 1
-                        return True
-                    if not self._reading:
-                        self._reading = True
-                        break
-                    self._wait(None)
-            # a timeout: the final flag sent by another thread is no frame to wake us
-            frame = self._read(HOLD_RECHECK_S)
+    def _read_direct(self) -> tuple[Frame, Served] | None:
+        """A frame from a direct caller, or None after handling one from the server (or a
+        connection that closed); the caller holds the reader role, given up here."""
+        try:
+            source = self.served.ready(self._channel)
+        except BaseException:
             with self._lock:
                 self._stop_reading()
-                if frame is not None:
-                    self._dispatch(frame)
-
-    def sent_bytes(self, rid: int, nbytes: int) -> None:
-        """The response just counted by :meth:`hold_send` carries ``nbytes``."""
+            raise
+        if source is None:
+            frame = self._read(None)
+            if self._served_frame(frame):
+                self._queued.append(frame)  # type: ignore[arg-type]
+            return None
         with self._lock:
-            window = self._windows.get(rid)
-            if window is not None:
-                window.nbytes += nbytes
+            self._stop_reading()
+        try:
+            return source.channel.recv(), source
+        except (ChannelClosed, OSError):
+            self.served.lost(source, self.on_release)
+            return None
+
+    def _served_frame(self, frame: Frame | None) -> bool:
+        """Give up the reader role and route ``frame``; True: it is the serve loop's."""
+        with self._lock:  # one locked section: give up the role, hand over or route
+            self._stop_reading()
+            if frame is None:
+                return False
+            msg = frame[0]
+            if isinstance(msg, _ROUTED):  # answers, Cancel, Credit, direct BLS: here
+                self._dispatch(frame)
+                return False
+            if isinstance(msg, m.Shutdown):  # a send held back gives up (flow control)
+                self.stopping = True
+                self._notify()
+            if not self._queued:  # the usual case: hand it over directly
+                return True
+            self._queued.append(frame)
+            return False
 
     # -- calls: a question sent, answers awaited ------------------------------------------
     def next_call_id(self) -> int:
@@ -292,6 +304,23 @@ class WorkerLink:
                 self._stop_reading()
             raise
 
+    def _direct_frame(self, msg: m.DirectTargets | m.DirectAccept | m.DirectStale) -> None:
+        """Direct BLS bookkeeping; descriptors that came beside a frame are picked up now,
+        in the order the frames came (the condition's lock is held)."""
+        if isinstance(msg, m.DirectStale):
+            self.direct.stale(msg.model_name)
+        elif isinstance(msg, m.DirectAccept):
+            for fd in self._take_fds(1):
+                self.served.accept(msg, fd)
+        elif msg.target:
+            self.direct.took_fds(msg, self._take_fds(len(msg.instances)))
+
+    def _take_fds(self, count: int) -> list[int]:
+        if self._fd_socket is None or count == 0:
+            return []
+        _, fds, _, _ = socket.recv_fds(self._fd_socket, 1, count)
+        return fds
+
     def _stop_reading(self) -> None:
         """Give up the reader role (the condition's lock is held)."""
         self._reading = False
@@ -313,6 +342,11 @@ class WorkerLink:
     def _dispatch(self, frame: Frame) -> None:
         """Route one frame (the condition's lock is held)."""
         msg = frame[0]
+        if isinstance(msg, _DIRECT):
+            self._direct_frame(msg)
+            if not isinstance(msg, m.DirectTargets):  # an answer: routed as the others
+                self._notify()
+                return
         if _is_answer(msg):
             answers = self._answers.get(msg.call)  # type: ignore[union-attr]
             if answers is not None:
@@ -321,6 +355,8 @@ class WorkerLink:
                 for ref in msg.outputs:
                     if ref.where == m.Where.PEER_ARENA:
                         self.release_peer(ref.region, ref.offset)
+            elif isinstance(msg, m.DirectTargets):  # nobody waits: its sockets are closed
+                self.direct.drop_fds(msg.call)
         elif isinstance(msg, m.Credit):
             window = self._windows.get(msg.rid)
             if window is not None:
@@ -337,8 +373,9 @@ class WorkerLink:
         self._notify()
 
 
-_ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply)  # a tuple: no union per call
-_ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit)  # what the serve loop's reader routes at once
+_ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply, m.DirectTargets)  # no union
+_DIRECT: Final = (m.DirectTargets, m.DirectAccept, m.DirectStale)
+_ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit, *_DIRECT)  # what the serve loop's reader routes
 
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
@@ -348,22 +385,6 @@ def _is_answer(msg: m.ServerToWorker) -> bool:
 def _is_signal(msg: m.ServerToWorker) -> bool:
     """Frames handled at once by whichever thread reads them, not by the serve loop."""
     return isinstance(msg, m.Cancel | m.Release)
-
-
-class _Window:
-    """A decoupled request's responses sent and not yet taken by its consumer (guarded by
-    the link's lock): at most WINDOW_RESPONSES of them, or WINDOW_BYTES (one beyond)."""
-
-    __slots__ = ("nbytes", "responses")
-
-    def __init__(self) -> None:
-        self.responses = 0
-        self.nbytes = 0
-
-    def has_room(self) -> bool:
-        return self.responses < m.WINDOW_RESPONSES and (
-            self.nbytes < m.WINDOW_BYTES or self.responses == 0
-        )
 
 
 _local = threading.local()

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
+from dlserve.core.direct import DirectLinks
 from dlserve.core.sequence_config import (
     FLAG_END,
     FLAG_START,
@@ -37,7 +38,7 @@ from dlserve.types import (
     RegionRef,
     RequestedOutput,
 )
-from dlserve.workers.client import WorkerBase
+from dlserve.workers.client import DirectMessage, WorkerBase
 from dlserve.workers.lending import ARENA_OWNERS, return_lent
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class BlsRouter:
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
+        self.direct = DirectLinks(service)  # calls from one worker straight to another
         self._tasks: set[asyncio.Task[None]] = set()
         self._streams: dict[tuple[int, int], _Answer] = {}  # decoupled calls, by (caller, call)
 
@@ -81,6 +83,9 @@ class BlsRouter:
     # -- BLS ------------------------------------------------------------------------------
     def on_bls(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
         self._spawn(self._serve(caller, msg, payload))
+
+    def on_direct(self, worker: WorkerBase, msg: DirectMessage) -> None:
+        self.direct.on_frame(worker, msg)
 
     def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None:
         """The caller of a decoupled call stopped listening: the callee's request ends."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,7 @@ class ModelManager:
         self.custom = custom
         self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}
+        self.on_change: Callable[[str], None] | None = None  # a model's versions changed
         self._loading_ensembles: set[str] = set()
         self.environments = environments.Environments()  # EXECUTION_ENV_PATH
 
@@ -109,6 +110,7 @@ class ModelManager:
             entry.path, entry.config, entry.versions = source.path, config, versions
             entry.state, entry.reason = ModelState.READY, ""
             log.info("model '%s' versions %s are READY", name, sorted(entry.versions))
+            self._changed(name)
             if old_versions:  # in-flight requests of the old versions finish first
                 timeout = self.options.stop_timeout
                 await asyncio.gather(*(v.stop(timeout) for v in old_versions.values()))
@@ -315,10 +317,15 @@ class ModelManager:
             await self._unload_locked(entry)
             entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED
 
+    def _changed(self, name: str) -> None:
+        if self.on_change is not None:
+            self.on_change(name)
+
     async def _unload_locked(self, entry: ModelEntry) -> None:
         if entry.versions:
             entry.state = ModelState.UNLOADING
             versions, entry.versions = entry.versions, {}
+            self._changed(entry.name)
             await asyncio.gather(*(v.stop(self.options.stop_timeout) for v in versions.values()))
         if entry.path is not None:  # files sent with its load request go with it
             self.repository.forget(entry.path)

@@ -298,6 +298,19 @@ class RegionRegistry:
             region.uses += 1
         return RegionLease(checked, {}, list(regions.values()))
 
+    def bind(self, region_ids: list[int], worker: RegionUser) -> list[int]:
+        """``worker`` mapped these regions (for a BLS call that did not pass through the
+        server): it is told to unmap each when it goes. Returns the ids already gone."""
+        by_id = {r.id: r for r in self._regions.values()}
+        gone: list[int] = []
+        for region_id in region_ids:
+            region = by_id.get(region_id)
+            if region is None:
+                gone.append(region_id)
+            else:
+                region.users.add(worker)
+        return gone
+
     def release(self, lease: RegionLease) -> None:
         """The request is over: its regions that were unregistered meanwhile may go."""
         now = time.monotonic()

@@ -79,6 +79,7 @@ class ServiceOptions:
     server_id: str = "dlserve"  # --id: the name in the server's metadata
     cpu_metrics: bool = True  # --allow-cpu-metrics
     gpu_metrics: bool = True  # --allow-gpu-metrics
+    bls_direct: bool = True  # --bls-direct: BLS calls may go from worker to worker
 
 
 class InferenceService(SharedMemoryApi, RepositoryApi):
@@ -99,6 +100,8 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
         self.manager = ModelManager(
             repository, options.manager, self.metrics.custom, self.bls, self.cache
         )
+        self.manager.on_change = self.bls.direct.changed
+        self.bls.direct.enabled = options.bls_direct
         self._log = LogSettings(options.log_verbose, options.log_file)
         if options.log_levels != (True, True, True):  # the server and every worker from now on
             info, warning, error = options.log_levels

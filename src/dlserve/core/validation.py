@@ -1,32 +1,17 @@
-"""Checks a request against its model's config before it is sent to an instance.
-
-Messages follow Triton's so that clients matching on them keep working.
+"""Checks a request against its model's config before it is sent to an instance: the
+config's inputs and outputs read into a :class:`~dlserve.tensors.validation.SpecValidator`.
 """
 
 from __future__ import annotations
 
-import math
-import struct
-from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from dlserve.errors import InvalidArgumentError
 from dlserve.tensors import dtypes
-from dlserve.types import InferRequest, InputTensor
+from dlserve.tensors.validation import SpecValidator, TensorSpec, tensor_spec
 
-_LEN = struct.Struct("<I")
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    name: str
-    dtype: dtypes.DType
-    dims: tuple[int, ...]
-    reshape: tuple[int, ...] | None
-    optional: bool
-    fixed: tuple[tuple[int, int], ...] = ()  # (index, size) of the dims that are not -1
+__all__ = ["RequestValidator", "TensorSpec"]
 
 
 def _spec(entry: Any) -> TensorSpec:
@@ -34,180 +19,16 @@ def _spec(entry: Any) -> TensorSpec:
     assert dtype is not None  # checked when the config was normalized
     reshape = tuple(entry.reshape.shape) if entry.HasField("reshape") else None
     optional = bool(getattr(entry, "optional", False))
-    dims = tuple(entry.dims)
-    fixed = tuple((i, d) for i, d in enumerate(dims) if d != -1)
-    return TensorSpec(entry.name, dtype, dims, reshape, optional, fixed)
+    return tensor_spec(entry.name, dtype, tuple(entry.dims), reshape, optional)
 
 
-def _matches(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
-    """``shape`` (without the batch dimension) fits the config's dims (-1: any size)."""
-    if len(spec.dims) != len(shape):
-        return False
-    for index, size in spec.fixed:
-        if shape[index] != size:
-            return False
-    return True
+class RequestValidator(SpecValidator):
+    """The validator of a model's config (a ``ModelConfig`` message)."""
 
-
-def _fmt(shape: tuple[int, ...]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def count_bytes_elements(data: memoryview) -> int:
-    """Elements in a BYTES tensor's wire form; raises ValueError when it is malformed."""
-    view = data.cast("B") if data.format != "B" else data
-    count = offset = 0
-    end = view.nbytes
-    while offset < end:
-        if offset + 4 > end:
-            raise ValueError("incomplete element length")
-        (length,) = _LEN.unpack_from(view, offset)
-        offset += 4 + length
-        if offset > end:
-            raise ValueError("element runs past the end of the data")
-        count += 1
-    return count
-
-
-class RequestValidator:
     def __init__(self, config: Any) -> None:
-        self.model = config.name
-        self.max_batch_size = int(config.max_batch_size)
-        self.inputs = {e.name: _spec(e) for e in config.input}
-        self.outputs = {e.name: _spec(e) for e in config.output}
-        self.required = [n for n, s in self.inputs.items() if not s.optional]
-        self.reshapes_outputs = any(s.reshape is not None for s in self.outputs.values())
-
-    def check(self, request: InferRequest) -> tuple[list[InputTensor], int]:
-        """The inputs as the model should see them (reshaped), and the batch size."""
-        batch = 0
-        checked: list[InputTensor] = []
-        for tensor in request.inputs:
-            spec = self.inputs.get(tensor.name)
-            if spec is None:
-                raise InvalidArgumentError(
-                    f"{_prefix(request)}unexpected inference input '{tensor.name}' for model "
-                    f"'{self.model}'"
-                )
-            tensor_batch = self._check_one(request, spec, tensor)
-            if batch and tensor_batch != batch:
-                raise InvalidArgumentError(
-                    f"{_prefix(request)}inputs of model '{self.model}' must have the same "
-                    "batch size"
-                )
-            batch = tensor_batch
-            checked.append(tensor if spec.reshape is None else self._reshaped(spec, tensor))
-        self._check_missing(request)
-        if request.outputs:
-            self._check_outputs(request)
-        return checked, batch or 1
-
-    def _check_one(self, request: InferRequest, spec: TensorSpec, tensor: InputTensor) -> int:
-        if tensor.datatype != spec.dtype.wire:
-            raise InvalidArgumentError(
-                f"{_prefix(request)}inference input '{tensor.name}' data-type is "
-                f"'{tensor.datatype}', but model '{self.model}' expects '{spec.dtype.wire}'"
-            )
-        shape = tensor.shape
-        batch = 0
-        dims = shape
-        if self.max_batch_size > 0:
-            if not shape or shape[0] < 1 or shape[0] > self.max_batch_size:
-                got = shape[0] if shape else "none"
-                raise InvalidArgumentError(
-                    f"{_prefix(request)}inference request batch-size must be <= "
-                    f"{self.max_batch_size} for '{self.model}' (input '{tensor.name}' has "
-                    f"batch size {got})"
-                )
-            batch, dims = shape[0], shape[1:]
-        if (shape and min(shape) < 0) or not _matches(spec, dims):
-            expected = ((-1,) if self.max_batch_size > 0 else ()) + spec.dims
-            raise InvalidArgumentError(
-                f"{_prefix(request)}unexpected shape for input '{tensor.name}' for model "
-                f"'{self.model}'. Expected {_fmt(expected)}, got {_fmt(shape)}"
-            )
-        self._check_size(request, spec, tensor)
-        return batch
-
-    def _check_size(self, request: InferRequest, spec: TensorSpec, tensor: InputTensor) -> None:
-        data = tensor.data
-        elements = math.prod(tensor.shape)
-        if data is None:
-            # In a client's region: the worker counts BYTES elements, the server never reads.
-            if tensor.region is not None and not spec.dtype.is_bytes:
-                self._check_nbytes(request, spec, tensor, elements, tensor.region.byte_size)
-            return
-        if spec.dtype.is_bytes:
-            prefix = _prefix(request)
-            try:
-                got = count_bytes_elements(data)
-            except ValueError as exc:
-                raise InvalidArgumentError(
-                    f"{prefix}input '{tensor.name}' for model '{self.model}' is not valid BYTES "
-                    f"data: {exc}"
-                ) from None
-            if got != elements:
-                raise InvalidArgumentError(
-                    f"{prefix}unexpected number of string elements {got} for inference input "
-                    f"'{tensor.name}' for model '{self.model}', expecting {elements}"
-                )
-            return
-        self._check_nbytes(request, spec, tensor, elements, data.nbytes)
-
-    def _check_nbytes(
-        self, request: InferRequest, spec: TensorSpec, tensor: InputTensor, elements: int,
-        nbytes: int,
-    ) -> None:  # fmt: skip
-        expected = elements * spec.dtype.itemsize
-        if nbytes != expected:
-            raise InvalidArgumentError(
-                f"{_prefix(request)}input byte size mismatch for input '{tensor.name}' for model "
-                f"'{self.model}'. Expected {expected}, got {nbytes}"
-            )
-
-    @staticmethod
-    def _reshaped(spec: TensorSpec, tensor: InputTensor) -> InputTensor:
-        if spec.reshape is None:
-            return tensor
-        batch = tensor.shape[: len(tensor.shape) - len(spec.dims)]
-        return InputTensor(
-            tensor.name, tensor.datatype, batch + spec.reshape, tensor.data, tensor.parameters,
-            tensor.region,
-        )  # fmt: skip
-
-    def _check_missing(self, request: InferRequest) -> None:
-        given = {t.name for t in request.inputs}
-        if len(given) != len(request.inputs):
-            raise InvalidArgumentError(f"{_prefix(request)}an input is given more than once")
-        if len(given) == len(self.inputs):  # every input the model has (all names known)
-            return
-        missing = [n for n in self.required if n not in given]
-        if missing:
-            raise InvalidArgumentError(
-                f"{_prefix(request)}expected {len(self.required)} inputs but got {len(given)} "
-                f"inputs for model '{self.model}'. Got input(s) {sorted(given)}, but missing "
-                f"required input(s) {missing}. Please provide all required input(s)."
-            )
-
-    def _check_outputs(self, request: InferRequest) -> None:
-        if not self.outputs:
-            return
-        for output in request.outputs:
-            if output.name not in self.outputs:
-                raise InvalidArgumentError(
-                    f"{_prefix(request)}unexpected inference output '{output.name}' for model "
-                    f"'{self.model}'"
-                )
-
-    def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """An output's shape as the client sees it (the config's dims where it reshapes)."""
-        spec = self.outputs.get(name)
-        if spec is None or spec.reshape is None:
-            return shape
-        batch = shape[: len(shape) - len(spec.reshape)]
-        return batch + spec.dims
-
-
-def _prefix(request: InferRequest) -> str:
-    """The start of an error message about ``request``, as Triton's."""
-    return f"[request id: {request.id or '<id_unknown>'}] "
+        super().__init__(
+            config.name,
+            int(config.max_batch_size),
+            [_spec(e) for e in config.input],
+            [_spec(e) for e in config.output],
+        )

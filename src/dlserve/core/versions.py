@@ -23,7 +23,7 @@ from dlserve.types import ModelState
 from dlserve.workers.pool import InstanceSpec, WorkerPool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # weakly held by core/direct.py
 class ModelVersion:
     """A loaded version: a pool of workers and its scheduler, or an ensemble's plan."""
 

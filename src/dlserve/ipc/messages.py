@@ -7,43 +7,39 @@ they are (the frame's payload, a shared-memory arena, a client's region).
 
 from __future__ import annotations
 
-import enum
-
 import msgspec
 
-ParamValue = bool | int | float | str
+from dlserve.ipc.direct_messages import (
+    DirectAccept,
+    DirectBye,
+    DirectInstance,
+    DirectMapped,
+    DirectOpen,
+    DirectRecord,
+    DirectSpec,
+    DirectStale,
+    DirectStats,
+    DirectTargets,
+)
+from dlserve.ipc.structs import ParamValue, TensorRef, Timings, Where, _Msg
 
-
-class Where(enum.IntEnum):
-    """Where a tensor's bytes live."""
-
-    PAYLOAD = 0  # in this frame's payload, at offset
-    INPUT_ARENA = 1  # the server-owned input arena of this worker
-    OUTPUT_ARENA = 2  # the worker-owned output arena
-    NOWHERE = 3  # no data (output written into a client region elsewhere)
-    CLIENT_REGION = 4  # a client's shared-memory object (key), at offset from its start
-    CUDA_REGION = 5  # a client's GPU allocation (handle, device), at offset from its start
-    PEER_ARENA = 6  # another worker's arena (BLS): region = arena id, key = path to open it
-    CUDA_IPC = 7  # GPU memory of another worker (BLS): handle, device, offset in the allocation
-
-
-class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    name: str
-    datatype: str
-    shape: list[int]
-    where: Where
-    offset: int
-    nbytes: int
-    region: int = 0  # CLIENT_REGION: the region's id (workers map each region once, by id)
-    key: str = ""  # CLIENT_REGION: the shared-memory object's name
-    handle: bytes = b""  # CUDA_REGION / CUDA_IPC: the allocation's cudaIpcMemHandle_t
-    device: int = 0  # CUDA_REGION / CUDA_IPC: the GPU the allocation is on
-    lend: int = 0  # CUDA_IPC output lent to a BLS caller: its id in the owner (region: owner)
-
-
-class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
+__all__ = [
+    "DirectAccept",
+    "DirectBye",
+    "DirectInstance",
+    "DirectMapped",
+    "DirectOpen",
+    "DirectRecord",
+    "DirectSpec",
+    "DirectStale",
+    "DirectStats",
+    "DirectTargets",
+    "ParamValue",
+    "TensorRef",
+    "Timings",
+    "Where",
+    "_Msg",
+]  # re-exported: every message is imported from here
 
 # ---- server -> worker -----------------------------------------------------------------
 
@@ -197,6 +193,9 @@ ServerToWorker = (
     | InferBatch
     | LogSettings
     | Credit
+    | DirectTargets
+    | DirectAccept
+    | DirectStale
 )
 
 # ---- worker -> server -----------------------------------------------------------------
@@ -209,15 +208,6 @@ class Loaded(_Msg, tag=101):
 
 class LoadFailed(_Msg, tag=102):
     message: str
-
-
-class Timings(msgspec.Struct, array_like=True, gc=False):
-    """CLOCK_MONOTONIC nanoseconds, comparable across processes on one host."""
-
-    input_start: int
-    infer_start: int
-    infer_end: int
-    output_end: int
 
 
 class InferDone(_Msg, tag=103):
@@ -360,4 +350,8 @@ WorkerToServer = (
     | ControlCall
     | PeerRelease
     | BlsCredit
+    | DirectOpen
+    | DirectStats
+    | DirectMapped
+    | DirectBye
 )

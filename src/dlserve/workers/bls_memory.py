@@ -48,6 +48,10 @@ class SharedMemoryForBls:
         self.output_arena.view(offset, data.nbytes)[:] = data
         return m.TensorRef("", "", [], m.Where.OUTPUT_ARENA, offset, data.nbytes)
 
+    def unstage(self, offset: int) -> None:
+        """A staged copy the callee no longer reads (a direct call's: the caller frees it)."""
+        self.output_arena.free(offset)
+
     def locate_gpu(self, ptr: int, nbytes: int) -> m.TensorRef | None:
         """A ref to GPU memory another worker can open by a handle it may already have: a
         client's CUDA region (the callee opens it once per region)."""

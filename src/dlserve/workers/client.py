@@ -81,8 +81,13 @@ class CallSink(Protocol):
 
     def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None: ...
 
+    def on_direct(self, worker: WorkerBase, msg: DirectMessage) -> None:
+        """A worker's frame about direct BLS calls (``core/direct.py``)."""
+
 
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
+DirectMessage = m.DirectOpen | m.DirectStats | m.DirectMapped
+_DIRECT: Final = (m.DirectOpen, m.DirectStats, m.DirectMapped)
 
 
 def apply_log_settings(settings: m.LogSettings) -> None:
@@ -115,6 +120,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         self.input_arena = Arena(self.input_segment)
         self._start_lending(self.input_segment, self.output_segment)
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
+        self._fd_socket: socket.socket | None = None  # descriptors to the worker (direct BLS)
         self._pending: dict[int, _Pending] = {}
         self._kept: dict[int, _Pending] = {}  # rescheduled, between two executes (inputs)
         self._rids = itertools.count(1)
@@ -129,6 +135,26 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         raise NotImplementedError
 
     # -- connection ---------------------------------------------------------------------
+    def _descriptor_socket(self) -> socket.socket:
+        """A socketpair for handing the worker descriptors (one message each, with its
+        descriptors: SOCK_SEQPACKET keeps them apart); returns the worker's end."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        self._fd_socket = ours
+        return theirs
+
+    def send_with_fds(self, msg: m.ServerToWorker, fds: list[int]) -> bool:
+        """Send ``msg`` with descriptors beside it (the worker picks them up when it reads
+        ``msg``); False when the worker cannot take them (gone, or not reading)."""
+        if self._channel is None or self._fd_socket is None:
+            return False
+        try:
+            socket.send_fds(self._fd_socket, [b"d"], fds)
+        except OSError:  # BlockingIOError: it has not picked up earlier ones
+            return False
+        self._channel.send(msg)
+        return True
+
     async def _connect(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_unix_connection(
@@ -159,13 +185,18 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         elif isinstance(msg, m.BlsCredit):
             if self.calls is not None:
                 self.calls.on_bls_credit(self, msg)
+        elif isinstance(msg, _DIRECT):
+            if self.calls is not None:
+                self.calls.on_direct(self, msg)
         elif isinstance(msg, m.PeerRelease):
             for arena, offset in zip(msg.arenas, msg.offsets, strict=True):
                 self.give_back(arena, offset)
         elif self._control is not None and not self._control.done():
             self._control.set_result(msg)
 
-    def send_answer(self, msg: m.BlsReply | m.ControlReply, payload: list[memoryview]) -> None:
+    def send_answer(
+        self, msg: m.BlsReply | m.ControlReply | m.DirectTargets, payload: list[memoryview]
+    ) -> None:
         """Answer a call this worker made (dropped when it has died meanwhile)."""
         if self._channel is not None:
             self._channel.send(msg, payload)
@@ -353,6 +384,9 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         raise NotImplementedError
 
     def _cleanup_shm(self) -> None:
+        if self._fd_socket is not None:
+            self._fd_socket.close()
+            self._fd_socket = None
         self._stop_lending()
         self.input_segment.close()
         self.output_segment.close()

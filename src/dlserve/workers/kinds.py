@@ -32,10 +32,11 @@ class SubprocessWorker(WorkerBase):
 
     async def spawn(self, env: dict[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds_theirs = self._descriptor_socket()
         in_fd, out_fd = self.input_segment.fd, self.output_segment.fd
         assert in_fd is not None and out_fd is not None
         options = ["--fd", str(theirs.fileno()), "--input-arena-fd", str(in_fd),
-                   "--output-arena-fd", str(out_fd),
+                   "--output-arena-fd", str(out_fd), "--fd-socket", str(fds_theirs.fileno()),
                    "--busy-poll-us", str(polling.busy_poll_us())]  # fmt: skip
         if self.exec_env is None:
             command = [sys.executable, "-m", "dlserve.workers.main", *options]
@@ -44,11 +45,12 @@ class SubprocessWorker(WorkerBase):
             env = self.exec_env.environment() if env is None else env
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(theirs.fileno(), in_fd, out_fd), env=env,
-                stdin=asyncio.subprocess.DEVNULL,
+                *command, pass_fds=(theirs.fileno(), in_fd, out_fd, fds_theirs.fileno()),
+                env=env, stdin=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
         finally:  # the arenas' memfds stay open: other workers map them through /proc (BLS)
             theirs.close()
+            fds_theirs.close()
         await self._connect(ours)
 
     @property
@@ -90,16 +92,18 @@ class InProcessWorker(WorkerBase):
 
         install_pb_utils()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds_theirs = self._descriptor_socket()
         channel: BlockingChannel[m.ServerToWorker] = BlockingChannel(theirs, codec.to_worker)
         arenas = (self._share(self.input_segment), self._share(self.output_segment))
 
         def run() -> None:
             try:
-                serve(channel, arenas)
+                serve(channel, arenas, fds_theirs)
             except ChannelClosed:
                 pass
             finally:
                 channel.close()
+                fds_theirs.close()
 
         self._thread = threading.Thread(target=run, name=f"worker-{self.label}", daemon=True)
         self._thread.start()

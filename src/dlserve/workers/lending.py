@@ -55,6 +55,11 @@ class ArenaLending:
             if other is not self and other._channel is not None:
                 other._channel.send(m.DropArenas(list(self.arena_ids)))
 
+    @property
+    def arena_paths(self) -> tuple[str, str]:
+        """Paths that reopen this worker's (input, output) arenas, for other workers."""
+        return self._arena_paths
+
     def arena_span(self, where: m.Where, offset: int, nbytes: int) -> ArenaSpan:
         """Bytes in this worker's input or output arena, for another worker to map."""
         index = 0 if where == m.Where.INPUT_ARENA else 1

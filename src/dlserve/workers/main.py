@@ -25,6 +25,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 from dlserve.tensors import heap
 from dlserve.tensors.shm import ShmSegment
+from dlserve.workers.direct import serve_direct
 from dlserve.workers.runner import LoadError, ModelRunner
 
 Channel = BlockingChannel[m.ServerToWorker]
@@ -68,13 +69,17 @@ def load(
     return runner
 
 
-def serve(channel: Channel, arenas: Arenas, *, process_wide: bool = False) -> None:
+def serve(
+    channel: Channel, arenas: Arenas, fd_socket: socket.socket | None = None, *,
+    process_wide: bool = False,
+) -> None:  # fmt: skip
     """Serve one connection until Shutdown or until the server goes away.
 
     Model code reaches the server through this thread's WorkerLink (pb_utils metrics);
     ``process_wide`` also makes it the default for threads the model starts.
+    ``fd_socket``: where the server hands over the sockets of direct BLS calls.
     """
-    worker = WorkerLink(channel)
+    worker = WorkerLink(channel, fd_socket)
     link.install(worker, process_wide=process_wide)
     try:
         _Serving(worker, arenas).run()
@@ -105,8 +110,11 @@ class _Serving:
 
     def step(self) -> bool:
         """Handle one frame; False once the server has said Shutdown."""
-        msg, payload = self.worker.recv()
-        if isinstance(msg, m.Infer):
+        (msg, payload), direct = self.worker.next_work()
+        if direct is not None:  # from a worker calling this instance directly
+            if self.runner is not None:
+                serve_direct(self.runner, self.worker, direct, msg, payload)
+        elif isinstance(msg, m.Infer):
             assert self.runner is not None, "Infer before Load"
             reply = self.runner.infer(msg, payload)
             if reply is not None:  # None: a decoupled model's responses went out already
@@ -130,6 +138,7 @@ class _Serving:
         elif isinstance(msg, m.Load):
             self.runner = load(self.worker, msg, self.runner, self.arenas)
         elif isinstance(msg, m.Shutdown):
+            self.worker.served.close_all()  # direct callers go through the server now
             runner, self.runner = self.runner, None
             if runner is not None:
                 runner.finalize()
@@ -144,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the connection to the server")
     parser.add_argument("--input-arena-fd", type=int, required=True)
     parser.add_argument("--output-arena-fd", type=int, required=True)
+    parser.add_argument("--fd-socket", type=int, default=-1, help="descriptors from the server")
     parser.add_argument("--busy-poll-us", type=int, default=0)
     args = parser.parse_args(argv)
     _die_with_parent()
@@ -157,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.fd)
     spin_ns = args.busy_poll_us * 1000
     channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_ns)
+    fd_socket = socket.socket(fileno=args.fd_socket) if args.fd_socket >= 0 else None
     arenas = (
         ShmSegment.from_fd(args.input_arena_fd, "input-arena"),
         ShmSegment.from_fd(args.output_arena_fd, "output-arena"),
@@ -166,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         import cProfile
 
         cProfile.runctx(
-            "serve(channel, arenas, process_wide=True)",
+            "serve(channel, arenas, fd_socket, process_wide=True)",
             globals(),
-            {"channel": channel, "arenas": arenas},
+            {"channel": channel, "arenas": arenas, "fd_socket": fd_socket},
             os.path.join(profile_dir, f"worker-{os.getpid()}.prof"),
         )
     else:
-        serve(channel, arenas, process_wide=True)
+        serve(channel, arenas, fd_socket, process_wide=True)
     channel.close()
     return 0
 

@@ -1,0 +1,122 @@
+"""``exec()`` / ``async_exec()`` sent straight to an instance of the callee, not through
+the server, where that can be done (``direct.py`` keeps the connections; the server's
+side is ``core/direct.py``).
+
+A call goes direct when it has no timeout, no trace, no sequence id or flags, is not
+decoupled, and the server says the callee may be called so; when one of the callee's
+instances is free on this worker's connections; and when the callee is not upstream of
+this call (that is the server's error to give). Everything else, and a call the callee
+did not run because it was stopping, goes through the server as before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from dlserve import errors
+from dlserve.backend import link
+from dlserve.backend.bls_tensors import encode_inputs, lent_count, response, triton_code
+from dlserve.backend.direct import CallSpec, DirectCall
+from dlserve.backend.errors import TritonError
+from dlserve.backend.tensor import Tensor
+from dlserve.ipc import messages as m
+
+if TYPE_CHECKING:
+    from dlserve.backend.request import InferenceRequest, InferenceResponse
+
+
+def _plain(request: InferenceRequest) -> bool:
+    """Nothing in the request needs the server: no timeout, trace or sequence."""
+    from dlserve.backend.request import InferenceTrace  # request.py imports bls.py
+
+    return (
+        not request.timeout()
+        and not request.correlation_id()
+        and not request.flags()
+        and not isinstance(request.trace(), InferenceTrace)
+    )
+
+
+def _device(inputs: list[Tensor]) -> int | None:
+    """The GPU of the first GPU input (an instance there is preferred)."""
+    for tensor in inputs:
+        if tensor._gpu is not None:
+            return tensor._gpu.device_id
+    return None
+
+
+def start_direct(request: InferenceRequest) -> Started | InferenceResponse | None:
+    """The call, sent straight to an instance (:meth:`Started.finish` waits for it); its
+    response at once when it fails the callee's checks; None: send it through the server."""
+    worker = link.current()
+    if worker is None or not request.model_name() or not _plain(request):
+        return None
+    chain = [*worker.upstream, worker.model_name]
+    if request.model_name() in chain:
+        return None  # the server refuses the cycle, with its message
+    target = worker.direct.target(request.model_name(), int(request.model_version()))
+    if target is None:
+        return None
+    conn = target.take(_device(request.inputs()))
+    if conn is None:
+        return None  # every instance is busy with this worker's calls: the server queues it
+    try:
+        refs, payload = encode_inputs(request.inputs(), worker.memory)
+    except BaseException:
+        conn.busy.release()
+        raise
+    staged = [r.offset for r in refs if r.where == m.Where.OUTPUT_ARENA]
+    params = request.parameters()
+    spec = CallSpec(request.request_id(), request.requested_output_names(),
+                    json.loads(params) if params != "{}" else {}, chain)  # fmt: skip
+    try:
+        call = worker.direct.start(target, conn, spec, refs, payload)
+    except errors.DlserveError as exc:  # the callee's checks
+        _unstage(worker, staged)
+        return _error_response(exc)
+    if call is None:
+        _unstage(worker, staged)
+        return None
+    return Started(worker, call, request.inputs(), staged)
+
+
+class Started:
+    """A call sent straight to an instance; its inputs stay alive until it is answered."""
+
+    def __init__(
+        self, worker: link.WorkerLink, call: DirectCall, inputs: list[Tensor], staged: list[int]
+    ) -> None:
+        self.worker, self.call = worker, call
+        self.inputs = inputs  # the callee may read the caller's memory until it answers
+        self.staged = staged  # copies in this worker's output arena, freed once answered
+
+    def finish(self) -> InferenceResponse | None:
+        """Wait for the answer: the response, or None when the instance did not run the
+        call (it was stopping: send it through the server)."""
+        try:
+            answer = self.call.wait()
+        except errors.DlserveError as exc:
+            return _error_response(exc)
+        finally:
+            _unstage(self.worker, self.staged)
+            self.inputs = []
+        if answer is None:
+            return None
+        done, payload = answer
+        try:
+            return response(self.worker, done, payload, self.call.conn.give_back)
+        finally:
+            self.call.done(done, lent_count(done))
+
+
+def _unstage(worker: link.WorkerLink, staged: list[int]) -> None:
+    if staged and worker.memory is not None:
+        for offset in staged:
+            worker.memory.unstage(offset)
+
+
+def _error_response(exc: errors.DlserveError) -> InferenceResponse:
+    from dlserve.backend.request import InferenceResponse
+
+    return InferenceResponse(error=TritonError(exc.message, triton_code(exc.code.value)))

@@ -1,0 +1,352 @@
+"""BLS calls sent straight to the callee's instance, not through the server: the caller's
+side (the server's is ``core/direct.py``, the callee's ``backend/direct_serving.py``).
+
+The first call to a model asks the server (``DirectOpen``); its answer says whether the
+model may be called directly and, if so, gives the callee's tensors (to check a call as
+the server would) and one connected socket per instance. A call then takes a free
+connection (one call at a time on each; none free: the call goes through the server),
+sends an ``Infer`` frame and reads the ``InferDone``. Lent outputs (the callee's output
+arena, its GPU memory) are given back over the same connection, riding on the next frame
+to it or sent when this worker next writes to the server; a connection is closed only
+once nothing lent over it is still held here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from dlserve import errors
+from dlserve.ipc import codec
+from dlserve.ipc import messages as m
+from dlserve.ipc.channel import BlockingChannel, ChannelClosed
+from dlserve.tensors import dtypes
+from dlserve.tensors.validation import SpecValidator, TensorSpec, tensor_spec
+from dlserve.types import InferRequest, InputTensor, RegionRef, RequestedOutput
+
+if TYPE_CHECKING:
+    from dlserve.backend.link import WorkerLink
+
+OPEN_TIMEOUT_S: Final = 30.0  # the server answers a DirectOpen at once, refusal or not
+_BY_REFERENCE: Final = (m.Where.INPUT_ARENA, m.Where.OUTPUT_ARENA)
+
+
+class CallSpec(msgspec.Struct, gc=False):
+    """What a BLS request asks of the callee, besides its inputs."""
+
+    request_id: str
+    outputs: list[str]
+    parameters: dict[str, m.ParamValue]
+    chain: list[str]  # the models upstream of the callee, this one last
+
+
+class Connection:
+    """The caller's end of a socket to one callee instance."""
+
+    def __init__(self, fd: int, instance: m.DirectInstance, spin_ns: int) -> None:
+        import socket
+
+        sock = socket.socket(fileno=fd)
+        self.channel: BlockingChannel[m.WorkerToServer] = BlockingChannel(
+            sock, codec.to_server, spin_ns
+        )
+        self.instance = instance
+        self.busy = threading.Lock()  # held by the call using it
+        self.returns: deque[int] = deque()  # lent outputs given back: offset, or -lend id
+        self.lent = 0  # outputs lent over it not given back yet (changed while ``busy``)
+        self.closed = False
+
+    def give_back(self, arena: int, offset: int) -> None:
+        """A lent output is no longer held here (a finalizer: no lock, no send)."""
+        self.returns.append(offset)
+
+    def release_frame(self) -> m.Release | None:
+        """The outputs given back since the last frame (``busy`` is held)."""
+        if not self.returns:
+            return None
+        offsets: list[int] = []
+        gpu: list[int] = []
+        while self.returns:
+            offset = self.returns.popleft()
+            (gpu.append(-offset) if offset < 0 else offsets.append(offset))
+            self.lent -= 1
+        return m.Release(offsets, gpu)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.channel.close()
+
+
+class Target:
+    """One callee version this worker calls directly, and its instances."""
+
+    def __init__(self, model: str, msg: m.DirectTargets, connections: list[Connection]) -> None:
+        self.model = model
+        self.id = msg.target
+        self.connections = connections
+        inputs = [_spec(s) for s in msg.inputs]
+        self.validator = SpecValidator(model, msg.max_batch_size, inputs,
+                                       [_spec(s) for s in msg.outputs])  # fmt: skip
+
+    def take(self, device: int | None) -> Connection | None:
+        """A free connection, on ``device`` where one is; None when all are busy."""
+        ordered = self.connections
+        if device is not None and len(ordered) > 1:
+            ordered = sorted(ordered, key=lambda c: c.instance.device != device)
+        for conn in ordered:
+            if not conn.closed and conn.busy.acquire(blocking=False):
+                return conn
+        return None
+
+
+def _spec(spec: m.DirectSpec) -> TensorSpec:
+    return tensor_spec(spec.name, dtypes.BY_WIRE[spec.datatype], tuple(spec.dims),
+                       optional=spec.optional)  # fmt: skip
+
+
+class DirectCalls:
+    """This worker's direct callees (by model name and version), the records of its calls
+    for the server, and the descriptors that came with answers not yet read."""
+
+    def __init__(self, link: WorkerLink) -> None:
+        self._link = link
+        self._lock = threading.Lock()  # never held while the link's lock is taken
+        self._targets: dict[tuple[str, int], Target | str] = {}  # str: why not directly
+        self._retired: list[Connection] = []  # closed once nothing lent over them is held
+        self._fds: dict[int, list[int]] = {}  # DirectTargets' descriptors, by call
+        self._records: list[m.DirectRecord] = []
+        self.arenas: tuple[list[int], list[str]] = ([], [])  # this worker's own
+        self.active = False  # any connection at all (flush has work to look at)
+
+    # -- targets --------------------------------------------------------------------------
+    def target(self, model: str, version: int) -> Target | None:
+        """The model's direct target; asks the server the first time. None: not directly."""
+        with self._lock:
+            found = self._targets.get((model, version))
+        if found is None:
+            opened = self._open(model, version)
+            if opened is None:
+                return None  # not now (the model is not ready ...): asked again next time
+            with self._lock:
+                found = self._targets.setdefault((model, version), opened)
+        return found if isinstance(found, Target) else None
+
+    def _open(self, model: str, version: int) -> Target | str | None:
+        """The answer of the server: a target, a lasting refusal (its reason), or None."""
+        link = self._link
+        call = link.next_call_id()
+        link.open_call(call)
+        try:
+            link.send(m.DirectOpen(call, model, version))
+            answer = link.wait_answer(call, time.monotonic() + OPEN_TIMEOUT_S)
+        except ChannelClosed:
+            return None
+        finally:
+            link.close_call(call)
+        with self._lock:
+            fds = self._fds.pop(call, [])
+        if answer is None or not isinstance(answer[0], m.DirectTargets):
+            _close_fds(fds)
+            return None
+        msg = answer[0]
+        if not msg.target or len(fds) != len(msg.instances):
+            _close_fds(fds)
+            return msg.error if msg.lasting else None
+        self.arenas = (msg.arena_ids, msg.arena_paths)
+        spin = link.spin_ns
+        connections = [Connection(fd, i, spin) for fd, i in zip(fds, msg.instances, strict=True)]
+        self.active = True
+        return Target(model, msg, connections)
+
+    def took_fds(self, msg: m.DirectTargets, fds: list[int]) -> None:
+        """The descriptors of an answer, picked up as it was read (the link's lock held)."""
+        with self._lock:
+            self._fds[msg.call] = fds
+
+    def drop_fds(self, call: int) -> None:
+        """An answer nobody waits for any more: its descriptors are closed."""
+        with self._lock:
+            fds = self._fds.pop(call, [])
+        _close_fds(fds)
+
+    def stale(self, model: str) -> None:
+        """The server says ``model`` changed: ask again at the next call."""
+        with self._lock:
+            for key in [k for k in self._targets if k[0] == model]:
+                target = self._targets.pop(key)
+                if isinstance(target, Target):
+                    self._retired += target.connections
+
+    def lost(self, target: Target, conn: Connection) -> None:
+        """``conn`` broke (the instance stopped or died): the model is asked for again."""
+        conn.close()
+        with self._lock:
+            for key, found in list(self._targets.items()):
+                if found is target:
+                    del self._targets[key]
+                    self._retired += [c for c in target.connections if c is not conn]
+
+    # -- records and returns -------------------------------------------------------------
+    def record(self, record: m.DirectRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def add_records(self, records: Sequence[m.DirectRecord]) -> None:
+        with self._lock:
+            self._records += records
+
+    def take_records(self) -> m.DirectStats | None:
+        """The records not yet sent (a frame for the server, or for a direct caller)."""
+        if not self._records:
+            return None
+        with self._lock:
+            records, self._records = self._records, []
+        return m.DirectStats(records) if records else None
+
+    def flush(self) -> None:
+        """Give lent outputs back on connections not in use; close retired ones that hold
+        nothing any more."""
+        if not self.active:
+            return
+        with self._lock:
+            connections = [c for t in self._targets.values() if isinstance(t, Target)
+                           for c in t.connections]  # fmt: skip
+            retired = self._retired
+        for conn in connections + retired:
+            if (conn.returns or conn in retired) and conn.busy.acquire(blocking=False):
+                try:
+                    self._flush_one(conn, conn in retired)
+                finally:
+                    conn.busy.release()
+        with self._lock:
+            self._retired = [c for c in self._retired if not c.closed]
+
+    @staticmethod
+    def _flush_one(conn: Connection, retired: bool) -> None:
+        release = conn.release_frame()
+        try:
+            if release is not None and not conn.closed:
+                conn.channel.send(release)
+        except OSError:
+            conn.close()
+        if retired and conn.lent <= 0:
+            conn.close()
+
+    # -- a call ---------------------------------------------------------------------------
+    def start(
+        self, target: Target, conn: Connection, call: CallSpec, refs: list[m.TensorRef],
+        payload: list[memoryview],
+    ) -> DirectCall | None:  # fmt: skip
+        """Check the call as the server would (raises DlserveError) and send it; None when
+        the instance is gone (the call goes through the server). Either way ``conn`` is
+        let go unless a DirectCall is returned."""
+        refs = [self._by_reference(ref) for ref in refs]
+        try:
+            _, batch = target.validator.check(_checked_form(target.model, call, refs, payload))
+        except errors.DlserveError as exc:
+            conn.busy.release()
+            now = time.monotonic_ns()
+            self.record(m.DirectRecord(target.id, now, now, error_code=exc.code.value))
+            raise
+        infer = m.Infer(-self._link.next_call_id(), call.request_id, refs, call.outputs,
+                        call.parameters, chain=call.chain, lend=True)  # fmt: skip
+        frames: list[tuple[m._Msg, Sequence[bytes | memoryview]]] = [(infer, payload)]
+        release = conn.release_frame()
+        if release is not None:
+            frames.insert(0, (release, ()))
+        sent = time.monotonic_ns()
+        try:
+            conn.channel.send_many(frames)
+        except OSError:  # not delivered: safe to send through the server
+            conn.busy.release()
+            self.lost(target, conn)
+            return None
+        return DirectCall(self, target, conn, sent, batch)
+
+    def _by_reference(self, ref: m.TensorRef) -> m.TensorRef:
+        """This worker's own arenas, as another worker maps them (PEER_ARENA)."""
+        if ref.where not in _BY_REFERENCE or not self.arenas[0]:
+            return ref
+        index = 0 if ref.where == m.Where.INPUT_ARENA else 1
+        arena, path = self.arenas[0][index], self.arenas[1][index]
+        return msgspec.structs.replace(ref, where=m.Where.PEER_ARENA, region=arena, key=path)
+
+
+class DirectCall:
+    """A call sent on a connection: :meth:`wait` for its answer, then :meth:`done`."""
+
+    def __init__(
+        self, calls: DirectCalls, target: Target, conn: Connection, sent_ns: int, batch: int
+    ) -> None:
+        self.calls, self.target, self.conn = calls, target, conn
+        self.sent_ns, self.batch = sent_ns, batch
+
+    def wait(self) -> tuple[m.InferDone, memoryview] | None:
+        """The callee's answer; None when it closed the connection without running the
+        call (it is stopping: the call goes through the server). Raises WorkerDiedError
+        when the instance died."""
+        conn = self.conn
+        while True:
+            try:
+                msg, payload = conn.channel.recv()
+            except (ChannelClosed, OSError):
+                self._give_up()
+                raise errors.WorkerDiedError(
+                    f"model instance '{conn.instance.name}' exited unexpectedly"
+                ) from None
+            if isinstance(msg, m.InferDone):
+                return msg, payload
+            if isinstance(msg, m.DirectStats):  # its own direct calls: forwarded
+                self.calls.add_records(msg.records)
+            elif isinstance(msg, m.DirectBye):
+                self._give_up()
+                return None
+
+    def _give_up(self) -> None:
+        self.conn.busy.release()
+        self.calls.lost(self.target, self.conn)
+        record = m.DirectRecord(self.target.id, self.sent_ns, time.monotonic_ns(),
+                                error_code="unavailable")  # fmt: skip
+        self.calls.record(record)
+
+    def done(self, reply: m.InferDone, lent: int) -> None:
+        """The answer was read (``lent`` of its outputs are held here): the connection is
+        free again, and the call is recorded for the callee's statistics."""
+        self.conn.lent += lent
+        self.conn.busy.release()
+        timings = reply.timings if not reply.error_code else None
+        record = m.DirectRecord(self.target.id, self.sent_ns, time.monotonic_ns(), self.batch,
+                                timings, reply.error_code)  # fmt: skip
+        self.calls.record(record)
+
+
+def _checked_form(
+    model: str, call: CallSpec, refs: list[m.TensorRef], payload: list[memoryview]
+) -> InferRequest:
+    """The call as the validator reads it: inline inputs with their bytes (one piece of
+    ``payload`` each, in order), the others by their size (as the server sees a call whose
+    inputs are in another worker's memory)."""
+    inputs: list[InputTensor] = []
+    pieces = iter(payload)
+    for ref in refs:
+        shape = tuple(ref.shape)
+        if ref.where == m.Where.PAYLOAD:
+            inputs.append(InputTensor(ref.name, ref.datatype, shape, next(pieces)))
+        else:
+            inputs.append(InputTensor(ref.name, ref.datatype, shape, None, {},
+                                      RegionRef("", ref.nbytes, 0)))  # fmt: skip
+    outputs = [RequestedOutput(name) for name in call.outputs]
+    return InferRequest(model, "", call.request_id, inputs, outputs, dict(call.parameters))
+
+
+def _close_fds(fds: list[int]) -> None:
+    import os
+
+    for fd in fds:
+        os.close(fd)

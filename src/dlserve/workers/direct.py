@@ -1,0 +1,61 @@
+"""Requests other workers send straight to this instance (direct BLS calls: the callee's
+side; ``backend/direct_serving.py`` keeps the connections). The serve loop runs them as it
+runs the server's, and answers on the connection they came on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dlserve.backend.direct_serving import Served
+from dlserve.backend.link import WorkerLink
+from dlserve.ipc import messages as m
+from dlserve.workers.runner import ModelRunner
+
+_REGIONS = (m.Where.CLIENT_REGION, m.Where.CUDA_REGION)
+
+
+def serve_direct(
+    runner: ModelRunner, worker: WorkerLink, conn: Served, msg: m.ServerToWorker,
+    payload: memoryview,
+) -> None:  # fmt: skip
+    """Handle one frame from a direct caller: a request (run now, answered on ``conn``) or
+    outputs it gives back."""
+    if isinstance(msg, m.Release):
+        runner.release(msg.offsets, msg.gpu)
+        conn.given_back(msg.offsets, msg.gpu)
+    elif isinstance(msg, m.Infer):
+        conn.given_back(msg.release)  # the runner frees them
+        frames = _answer(runner, worker, conn, msg, payload)
+        try:
+            conn.channel.send_many(frames)
+        except OSError:  # the caller is gone: what it was lent goes back
+            worker.served.lost(conn, runner.release)
+        _tell_mapped(worker, msg)
+
+
+def _answer(
+    runner: ModelRunner, worker: WorkerLink, conn: Served, msg: m.Infer, payload: memoryview
+) -> list[tuple[m._Msg, Sequence[bytes | memoryview]]]:
+    reply = runner.infer(msg, payload)
+    if reply is None:  # decoupled: the server never offers such a model for direct calls
+        done = m.InferDone(msg.rid, error="a decoupled model was called directly",
+                           error_code="internal")  # fmt: skip
+        reply = done, []
+    done, buffers = reply
+    done.outputs = [worker.served.lent_ref(conn, ref) for ref in done.outputs]
+    frames: list[tuple[m._Msg, Sequence[bytes | memoryview]]] = []
+    stats = worker.direct.take_records()  # its own direct calls: the caller forwards them
+    if stats is not None:
+        frames.append((stats, ()))
+    frames.append((done, buffers))
+    return frames
+
+
+def _tell_mapped(worker: WorkerLink, msg: m.Infer) -> None:
+    """The client regions this request had mapped here, the first time: the server tells
+    this worker to unmap them when they go (it did not see this request)."""
+    told = worker.served.told
+    new = [ref.region for ref in msg.inputs if ref.where in _REGIONS and ref.region not in told]
+    if new:
+        told.update(new)
+        worker.send(m.DirectMapped(sorted(set(new))))
