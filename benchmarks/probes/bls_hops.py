@@ -8,7 +8,7 @@ took (``EXEC_US``) and the caller returning how long each ``exec()`` took (``TIM
 ``--device cpu``: numpy, 16 floats on the wire.
 
     python benchmarks/probes/bls_hops.py [--device gpu|cpu] [--requests N]
-        [--busy-poll-us US] [--mps] [--bls-only]
+        [--busy-poll-us US] [--mps] [--bls-only] [--dlserve-args "..."]
 
 A probe for developers, not a benchmark of record.
 """
@@ -55,13 +55,23 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, "INPUT_0")
+            got = time.perf_counter()
             if GPU:
                 data = from_dlpack(tensor.to_dlpack())
-                out = pb_utils.Tensor.from_dlpack("OUTPUT_0", to_dlpack({expr}))
+                imported = time.perf_counter()
+                result = {expr}
+                computed = time.perf_counter()
+                out = pb_utils.Tensor.from_dlpack("OUTPUT_0", to_dlpack(result))
             else:
                 data = tensor.as_numpy()
-                out = pb_utils.Tensor("OUTPUT_0", ({expr}).astype(np.float32))
-            took = np.array([(time.perf_counter() - start) * 1e6])
+                imported = time.perf_counter()
+                result = {expr}
+                computed = time.perf_counter()
+                out = pb_utils.Tensor("OUTPUT_0", result.astype(np.float32))
+            end = time.perf_counter()
+            # the whole body, then its steps: input, import, compute, export (microseconds)
+            took = np.array([end - start, got - start, imported - got, computed - imported,
+                             end - computed]) * 1e6
             responses.append(pb_utils.InferenceResponse([out, pb_utils.Tensor("EXEC_US", took)]))
         return responses
 """
@@ -82,7 +92,7 @@ def call(model, tensor):
     if response.has_error():
         raise pb_utils.TritonModelException(response.error().message())
     out = pb_utils.get_output_tensor_by_name(response, "OUTPUT_0")
-    callee = float(pb_utils.get_output_tensor_by_name(response, "EXEC_US").as_numpy()[0])
+    callee = pb_utils.get_output_tensor_by_name(response, "EXEC_US").as_numpy()
     return out, took, callee
 
 
@@ -96,7 +106,7 @@ class TritonPythonModel:
             result, t2, c2 = call("t_plus1", pb_utils.Tensor.from_dlpack("INPUT_0", doubled))
             output = pb_utils.Tensor.from_dlpack("OUTPUT_0", result)
             took = (time.perf_counter() - start) * 1e6
-            times = np.array([t1, c1, t2, c2, took])
+            times = np.array([t1, c1[0], t2, c2[0], took, *c1[1:], *c2[1:]])
             responses.append(pb_utils.InferenceResponse([output, pb_utils.Tensor("TIMES", times)]))
         return responses
 """
@@ -164,8 +174,12 @@ def run(url: str, model: str, gpu: bool, requests: int, extra: str) -> None:
     after = {name: stats(client, name) for name in names}
     inner_p50 = np.percentile(np.array(inner).reshape(len(inner), -1), 50, axis=0)
     print(f"{model}: client p50 {np.percentile(lat, 50):.0f} us, p99 {np.percentile(lat, 99):.0f}")
-    labels = ["exec" if model == "t_single" else "exec1 call", "callee1 exec", "exec2 call",
-              "callee2 exec", "caller execute"]  # fmt: skip
+    steps = ["input", "import", "compute", "export"]
+    if model == "t_single":
+        labels = ["exec", *steps]
+    else:
+        labels = ["exec1 call", "callee1 exec", "exec2 call", "callee2 exec", "caller execute",
+                  *(f"callee1 {s}" for s in steps), *(f"callee2 {s}" for s in steps)]  # fmt: skip
     pairs = zip(labels, inner_p50, strict=False)
     print("  in-model p50 us: " + ", ".join(f"{label} {value:.0f}" for label, value in pairs))
     for name in names:
@@ -189,12 +203,14 @@ def main() -> None:
     parser.add_argument("--busy-poll-us", type=int, default=0)
     parser.add_argument("--mps", action="store_true", help="dlserve's --mps")
     parser.add_argument("--bls-only", action="store_true", help="skip the single model")
+    parser.add_argument("--dlserve-args", default="", help="more `dlserve serve` options")
     args = parser.parse_args()
     gpu = args.device == "gpu"
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp), gpu)
         ports = _triton.free_ports(3)
-        extra = ["--busy-poll-us", str(args.busy_poll_us), *(["--mps"] if args.mps else [])]
+        extra = ["--busy-poll-us", str(args.busy_poll_us), *(["--mps"] if args.mps else []),
+                 *args.dlserve_args.split()]  # fmt: skip
         with _triton.run_dlserve(Path(tmp), *ports, *extra) as s:
             if not args.bls_only:
                 run(s.grpc_url, "t_single", gpu, args.requests, "EXEC_US")

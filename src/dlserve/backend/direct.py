@@ -300,6 +300,9 @@ class DirectCall:
                 raise errors.WorkerDiedError(
                     f"model instance '{conn.instance.name}' exited unexpectedly"
                 ) from None
+            except BaseException:  # a broken frame, KeyboardInterrupt: the connection goes
+                self._give_up()
+                raise
             if isinstance(msg, m.InferDone):
                 return msg, payload
             if isinstance(msg, m.DirectStats):  # its own direct calls: forwarded
