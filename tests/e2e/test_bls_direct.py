@@ -4,6 +4,7 @@ unmodified tritonclient:
 
 - they do not pass through the server: with the server stopped (SIGSTOP), calls run;
 - the callee's statistics count them by the time the caller's client has its response;
+- the caller checks a call as the server would: the same error, counted as a failure;
 - two calls at once to one instance (the second goes through the server);
 - a callee that dies mid-call fails the call; restarted, it is called again;
 - an unloaded callee gets the server's error; reloaded, it is called again;
@@ -70,6 +71,7 @@ def statistics(client: grpcclient.InferenceServerClient, model: str) -> dict[str
         "success": int(inference["success"].get("count", 0)),
         "queue": int(inference["queue"].get("count", 0)),
         "compute_infer": int(inference["compute_infer"].get("count", 0)),
+        "fail": int(inference["fail"].get("count", 0)),
     }
 
 
@@ -118,7 +120,21 @@ def test_the_callee_s_statistics_count_direct_calls(
     result = call(client, "calls", x, count=5)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2)
     after = statistics(client, "double")  # counted before the caller's response left
-    assert {key: after[key] - before[key] for key in after} == dict.fromkeys(after, 5)
+    assert {key: after[key] - before[key] for key in after} == {**dict.fromkeys(after, 5),
+                                                                 "fail": 0}  # fmt: skip
+
+
+def test_a_call_the_callee_would_refuse_gets_the_server_s_error(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """The caller checks the call with the callee's config, as the server would: the same
+    message, and the callee's statistics count a failure."""
+    before = statistics(client, "double")
+    expected = "inference input 'INPUT0' data-type is 'INT32', but model 'double' expects 'FP32'"
+    with pytest.raises(InferenceServerException, match=expected):
+        call(client, "invalid", np.array([1.0], dtype=np.float32))
+    after = statistics(client, "double")
+    assert (after["fail"], after["inferences"]) == (before["fail"] + 1, before["inferences"])
 
 
 def test_two_calls_at_once_to_one_instance(client: grpcclient.InferenceServerClient) -> None:

@@ -252,7 +252,8 @@ class DirectCalls:
         except errors.DlserveError as exc:
             conn.busy.release()
             now = time.monotonic_ns()
-            self.record(m.DirectRecord(target.id, now, now, error_code=exc.code.value))
+            self.record(m.DirectRecord(target.id, now, now, error_code=exc.code.value,
+                                       rejected=True))  # fmt: skip
             raise
         infer = m.Infer(-self._link.next_call_id(), call.request_id, refs, call.outputs,
                         call.parameters, chain=call.chain, lend=True)  # fmt: skip

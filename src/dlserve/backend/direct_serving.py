@@ -21,6 +21,14 @@ from dlserve.ipc.channel import BlockingChannel
 Release = Callable[[list[int], list[int]], None]  # (arena offsets, GPU lend ids)
 
 
+def receive_fds(sock: socket.socket | None, count: int) -> list[int]:
+    """The descriptors the server sent beside a frame (one SOCK_SEQPACKET message)."""
+    if sock is None or count == 0:
+        return []
+    _, fds, _, _ = socket.recv_fds(sock, 1, count)
+    return fds
+
+
 class Served:
     """A caller's connection to this instance (the callee's end)."""
 
@@ -47,10 +55,11 @@ class ServedCalls:
         self._poll: select.poll | None = None  # over the server's channel and the connections
         self._fds: dict[int, Served | None] = {}
 
-    def accept(self, msg: m.DirectAccept, fd: int) -> None:
+    def accept(self, msg: m.DirectAccept, fds: list[int]) -> None:
         """A new caller (the link's lock is held: only bookkeeping here)."""
         self.arena = (msg.arena_ids[1], msg.arena_paths[1])
-        self.connections.append(Served(socket.socket(fileno=fd), self.spin_ns))
+        for fd in fds:
+            self.connections.append(Served(socket.socket(fileno=fd), self.spin_ns))
         self._poll = None
 
     def lent_ref(self, conn: Served, ref: m.TensorRef) -> m.TensorRef:

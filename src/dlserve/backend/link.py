@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from dlserve.backend.direct import DirectCalls
-from dlserve.backend.direct_serving import Served, ServedCalls
+from dlserve.backend.direct_serving import Served, ServedCalls, receive_fds
 from dlserve.backend.errors import TritonModelException
 from dlserve.backend.link_flow import FlowControl, Window
 from dlserve.ipc import messages as m
@@ -310,16 +310,9 @@ class WorkerLink(FlowControl):
         if isinstance(msg, m.DirectStale):
             self.direct.stale(msg.model_name)
         elif isinstance(msg, m.DirectAccept):
-            for fd in self._take_fds(1):
-                self.served.accept(msg, fd)
+            self.served.accept(msg, receive_fds(self._fd_socket, 1))
         elif msg.target:
-            self.direct.took_fds(msg, self._take_fds(len(msg.instances)))
-
-    def _take_fds(self, count: int) -> list[int]:
-        if self._fd_socket is None or count == 0:
-            return []
-        _, fds, _, _ = socket.recv_fds(self._fd_socket, 1, count)
-        return fds
+            self.direct.took_fds(msg, receive_fds(self._fd_socket, len(msg.instances)))
 
     def _stop_reading(self) -> None:
         """Give up the reader role (the condition's lock is held)."""
@@ -380,11 +373,6 @@ _ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit, *_DIRECT)  # what the serve loo
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
     return isinstance(msg, _ANSWERS)
-
-
-def _is_signal(msg: m.ServerToWorker) -> bool:
-    """Frames handled at once by whichever thread reads them, not by the serve loop."""
-    return isinstance(msg, m.Cancel | m.Release)
 
 
 _local = threading.local()

@@ -26,7 +26,6 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
-from dlserve.core.stats import failure_reason
 from dlserve.core.versions import ModelVersion
 from dlserve.ipc import messages as m
 from dlserve.tensors.validation import TensorSpec
@@ -164,9 +163,8 @@ class DirectLinks:
                 continue  # its version is gone meanwhile
             stats, t = loaded.stats, record.timings
             total = record.done_ns - record.sent_ns
-            if t is None:
-                error = errors.error_from_worker("", record.error_code)
-                stats.record_failure(total, failure_reason(error))
+            if t is None:  # as the server counts it: REJECTED by its checks, else BACKEND
+                stats.record_failure(total, "REJECTED" if record.rejected else "BACKEND")
                 continue
             infer, compute_input = t.infer_end - t.infer_start, t.infer_start - t.input_start
             compute_output = record.done_ns - t.infer_end

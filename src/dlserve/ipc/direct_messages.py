@@ -86,6 +86,7 @@ class DirectRecord(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     batch: int = 1
     timings: Timings | None = None  # None: it failed, with ``error_code``
     error_code: str = ""
+    rejected: bool = False  # failed the callee's checks (Triton's REJECTED), not run
 
 
 class DirectStats(_Msg, tag=114):

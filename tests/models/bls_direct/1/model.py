@@ -9,6 +9,7 @@ calls     double(x), "count" times in a row: OUTPUT0 = the last result, OUTPUT1 
 same      two calls to double(x) at once (asyncio.gather): OUTPUT0, OUTPUT1
 crash     crash(x) (x holding -1 kills crash's instance): its error, or OUTPUT0 = crash(x)
 in_place  in_place(x): OUTPUT0 = x read afterwards, OUTPUT1 = what in_place returned
+invalid   double(x as INT32): the callee's checks refuse it; answers with that error
 """
 
 import asyncio
@@ -86,6 +87,10 @@ class TritonPythonModel:
 
     async def crash(self, params, x):
         return result(call("crash", x).exec()), []
+
+    async def invalid(self, params, x):
+        wrong = pb_utils.Tensor("INPUT0", x.as_numpy().astype(np.int32))
+        return result(call("double", wrong).exec()), []
 
     async def in_place(self, params, x):
         returned = result(call("in_place", x).exec())
