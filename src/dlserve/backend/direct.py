@@ -192,6 +192,19 @@ class DirectCalls:
                     del self._targets[key]
                     self._retired += [c for c in target.connections if c is not conn]
 
+    def close_all(self) -> None:
+        """This worker stops: its connections go (the callees release what they lent)."""
+        with self._lock:
+            targets, self._targets = self._targets, {}
+            retired, self._retired = self._retired, []
+            fds, self._fds = self._fds, {}
+        for target in targets.values():
+            if isinstance(target, Target):
+                retired += target.connections
+        for conn in retired:
+            conn.close()
+        _close_fds([fd for each in fds.values() for fd in each])
+
     # -- records and returns -------------------------------------------------------------
     def record(self, record: m.DirectRecord) -> None:
         with self._lock:

@@ -137,6 +137,11 @@ class WorkerLink(FlowControl):
             offsets.append(offset)
         return m.PeerRelease(arenas, offsets)
 
+    def close_direct(self) -> None:
+        """The serve loop ends: every direct connection, both ways, is closed."""
+        self.served.close_all()
+        self.direct.close_all()
+
     # -- the serve loop -----------------------------------------------------------------
     def recv(self) -> Frame:
         """The next frame from the server (for a serve loop that serves no direct callers)."""

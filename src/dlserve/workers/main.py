@@ -107,6 +107,7 @@ class _Serving:
                 self.runner.finalize()
             for arena in self.arenas:
                 arena.close()
+            self.worker.close_direct()
 
     def step(self) -> bool:
         """Handle one frame; False once the server has said Shutdown."""
