@@ -20,7 +20,6 @@ on its connections, and calls it had not run go through the server.
 from __future__ import annotations
 
 import itertools
-import logging
 import socket
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -33,8 +32,6 @@ from dlserve.workers.client import DirectMessage, WorkerBase
 
 if TYPE_CHECKING:
     from dlserve.core.service import InferenceService
-
-log = logging.getLogger("dlserve.bls")
 
 
 def refusal(loaded: ModelVersion) -> str:
