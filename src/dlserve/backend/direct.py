@@ -13,6 +13,7 @@ once nothing lent over it is still held here.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import deque
@@ -49,11 +50,8 @@ class Connection:
     """The caller's end of a socket to one callee instance."""
 
     def __init__(self, fd: int, instance: m.DirectInstance, spin_ns: int) -> None:
-        import socket
-
-        sock = socket.socket(fileno=fd)
         self.channel: BlockingChannel[m.WorkerToServer] = BlockingChannel(
-            sock, codec.to_server, spin_ns
+            socket.socket(fileno=fd), codec.to_server, spin_ns
         )
         self.instance = instance
         self.busy = threading.Lock()  # held by the call using it
@@ -118,6 +116,7 @@ class DirectCalls:
         self._link = link
         self._lock = threading.Lock()  # never held while the link's lock is taken
         self._targets: dict[tuple[str, int], Target | str] = {}  # str: why not directly
+        self._live: list[Connection] = []  # the targets' connections
         self._retired: list[Connection] = []  # closed once nothing lent over them is held
         self._fds: dict[int, list[int]] = {}  # DirectTargets' descriptors, by call
         self._records: list[m.DirectRecord] = []
@@ -135,6 +134,8 @@ class DirectCalls:
                 return None  # not now (the model is not ready ...): asked again next time
             with self._lock:
                 found = self._targets.setdefault((model, version), opened)
+                if isinstance(opened, Target):  # another thread's came first: ours goes
+                    (self._live if found is opened else self._retired).extend(opened.connections)
         return found if isinstance(found, Target) else None
 
     def _open(self, model: str, version: int) -> Target | str | None:
@@ -179,9 +180,7 @@ class DirectCalls:
         """The server says ``model`` changed: ask again at the next call."""
         with self._lock:
             for key in [k for k in self._targets if k[0] == model]:
-                target = self._targets.pop(key)
-                if isinstance(target, Target):
-                    self._retired += target.connections
+                self._retire(self._targets.pop(key))
 
     def lost(self, target: Target, conn: Connection) -> None:
         """``conn`` broke (the instance stopped or died): the model is asked for again."""
@@ -190,18 +189,21 @@ class DirectCalls:
             for key, found in list(self._targets.items()):
                 if found is target:
                     del self._targets[key]
-                    self._retired += [c for c in target.connections if c is not conn]
+                    self._retire(target)
+
+    def _retire(self, target: Target | str) -> None:
+        """Its connections close once nothing lent over them is held (lock held)."""
+        if isinstance(target, Target):
+            self._live = [c for c in self._live if c not in target.connections]
+            self._retired += [c for c in target.connections if not c.closed]
 
     def close_all(self) -> None:
         """This worker stops: its connections go (the callees release what they lent)."""
         with self._lock:
-            targets, self._targets = self._targets, {}
-            retired, self._retired = self._retired, []
+            connections = self._live + self._retired
+            self._targets, self._live, self._retired = {}, [], []
             fds, self._fds = self._fds, {}
-        for target in targets.values():
-            if isinstance(target, Target):
-                retired += target.connections
-        for conn in retired:
+        for conn in connections:
             conn.close()
         _close_fds([fd for each in fds.values() for fd in each])
 
@@ -225,29 +227,32 @@ class DirectCalls:
     def flush(self) -> None:
         """Give lent outputs back on connections not in use; close retired ones that hold
         nothing any more."""
-        if not self.active:
-            return
+        if not self.active or (not self._retired and not any(c.returns for c in self._live)):
+            return  # the usual case, told without the lock: nothing to give back
         with self._lock:
-            connections = [c for t in self._targets.values() if isinstance(t, Target)
-                           for c in t.connections]  # fmt: skip
-            retired = self._retired
-        for conn in connections + retired:
-            if (conn.returns or conn in retired) and conn.busy.acquire(blocking=False):
-                try:
-                    self._flush_one(conn, conn in retired)
-                finally:
-                    conn.busy.release()
+            live, retired = self._live, self._retired
+        for conn in live:
+            if conn.returns:
+                self._flush_one(conn, retired=False)
+        for conn in retired:
+            self._flush_one(conn, retired=True)
         with self._lock:
             self._retired = [c for c in self._retired if not c.closed]
 
     @staticmethod
     def _flush_one(conn: Connection, retired: bool) -> None:
-        release = conn.release_frame()
+        """Send what was given back (a retired connection with nothing lent closes); a
+        connection in use is left to its call, which carries the returns itself."""
+        if not conn.busy.acquire(blocking=False):
+            return
         try:
+            release = conn.release_frame()
             if release is not None and not conn.closed:
                 conn.channel.send(release)
         except OSError:
             conn.close()
+        finally:
+            conn.busy.release()
         if retired and conn.lent <= 0:
             conn.close()
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import socket
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dlserve import errors
 from dlserve.core.versions import ModelVersion
@@ -52,12 +52,8 @@ def refusal(loaded: ModelVersion) -> str:
     return ""
 
 
-def _specs(specs: Any) -> list[m.DirectSpec]:
-    return [_spec(s) for s in specs.values()]
-
-
-def _spec(spec: TensorSpec) -> m.DirectSpec:
-    return m.DirectSpec(spec.name, spec.dtype.wire, list(spec.dims), spec.optional)
+def _specs(specs: dict[str, TensorSpec]) -> list[m.DirectSpec]:
+    return [m.DirectSpec(s.name, s.dtype.wire, list(s.dims), s.optional) for s in specs.values()]
 
 
 class DirectLinks:
