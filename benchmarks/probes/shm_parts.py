@@ -9,7 +9,10 @@ length) and is driven by unmodified tritonclient.grpc, one client, one request i
 - ``shm4MB``: 4 MB through the regions, as ``bench_shm.py`` sends them.
 
     python benchmarks/probes/shm_parts.py [--servers dlserve,triton,dlserve,triton]
-        [--requests N]
+        [--requests N] [--variant NAME=OPTIONS ...]
+
+``--variant busy="--busy-poll-us 2000"`` names a dlserve started with more options; the
+name can then be listed in ``--servers`` (its ratios are taken against the last Triton).
 
 Prints each part's p50 per server start, and dlserve's over Triton's for the 4 MB request
 and for its fixed part: the share of ``bench_shm.py``'s target (0.3) that the fixed cost
@@ -82,11 +85,14 @@ def shm_part(client: Any, elements: int, requests: int) -> float:
             shm.destroy_shared_memory_region(handle)
 
 
-def measure(name: str, requests: int) -> dict[str, float]:
+def measure(name: str, requests: int, variants: dict[str, list[str]]) -> dict[str, float]:
     import tritonclient.grpc as grpcclient
 
-    runner = _triton.run_dlserve if name == "dlserve" else _triton.run_triton
-    with runner(MODELS, *_triton.free_ports(3)) as server:
+    if name == "triton":
+        server_cm = _triton.run_triton(MODELS, *_triton.free_ports(3))
+    else:
+        server_cm = _triton.run_dlserve(MODELS, *_triton.free_ports(3), *variants.get(name, []))
+    with server_cm as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         parts = {
             "raw16": raw_part(client, 16, requests),
@@ -101,17 +107,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", default="dlserve,triton,dlserve,triton")
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=OPTIONS",
+        help="a dlserve started with more options, listed in --servers as NAME",
+    )
     args = parser.parse_args()
+    variants = {n: o.split() for n, _, o in (v.partition("=") for v in args.variant)}
     last: dict[str, dict[str, float]] = {}
     print(f"{'server':<8} {'raw16 us':>9} {'shm16 us':>9} {'shm4MB us':>10}")
     for name in args.servers.split(","):
-        parts = last[name] = measure(name, args.requests)
+        parts = last[name] = measure(name, args.requests, variants)
         print(f"{name:<8} {parts['raw16']:>9.0f} {parts['shm16']:>9.0f} {parts['shm4MB']:>10.0f}")
-        if {"dlserve", "triton"} <= last.keys():
-            ours, theirs = last["dlserve"], last["triton"]
+        if name != "triton" and "triton" in last:
+            ours, theirs = parts, last["triton"]
             whole, fixed = ours["shm4MB"] / theirs["shm4MB"], ours["shm16"] / theirs["shm4MB"]
             print(
-                f"  over Triton's 4 MB p50: dlserve's 4 MB request {whole:.3f}, its 16-float"
+                f"  over Triton's 4 MB p50: {name}'s 4 MB request {whole:.3f}, its 16-float"
                 f" shared-memory request alone {fixed:.3f} (bench_shm's target: 0.3)"
             )
 

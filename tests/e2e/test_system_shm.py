@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import queue
 import socket
 import threading
@@ -220,6 +221,19 @@ def test_inputs_and_outputs_in_regions(
     assert mapping_processes(shm_server, in_key)
     assert shm_server.process.pid not in mapping_processes(shm_server, in_key)
     assert shm_server.process.pid not in mapping_processes(shm_server, out_key)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="glibc's x86 tunable")
+def test_workers_write_outputs_with_non_temporal_stores(shm_server: RunningServer) -> None:
+    """The workers (which write outputs into clients' regions) run with glibc's
+    non-temporal-store threshold at 1 MiB; the server process as it was started."""
+    server_process = psutil.Process(shm_server.process.pid)
+    workers = server_process.children(recursive=True)
+    assert workers
+    setting = "glibc.cpu.x86_non_temporal_threshold=0x100000"
+    for worker in workers:
+        assert setting in worker.environ().get("GLIBC_TUNABLES", "")
+    assert setting not in server_process.environ().get("GLIBC_TUNABLES", "")
 
 
 def test_raw_and_shared_memory_inputs_mixed(client: Client, objects: Objects) -> None:

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from dlserve.tensors import heap
+
 CODE = "from dlserve.tensors import heap; print(heap.keep_large_buffers())"
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -31,3 +33,20 @@ def test_glibc_is_tuned() -> None:
 @pytest.mark.parametrize("variable", ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"])
 def test_the_users_own_setting_wins(variable: str) -> None:
     assert _run(**{variable: "1048576"}) == "False"
+
+
+X86_LINUX = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="glibc's x86 tunable")
+def test_workers_copy_megabytes_with_non_temporal_stores() -> None:
+    env = heap.streaming_copies({"PATH": "/bin"})
+    setting = "glibc.cpu.x86_non_temporal_threshold=0x100000"
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": setting}
+    other = heap.streaming_copies({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert other["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{setting}"
+
+
+def test_the_users_non_temporal_threshold_wins() -> None:
+    mine = {"GLIBC_TUNABLES": "glibc.cpu.x86_non_temporal_threshold=0x4000000"}
+    assert heap.streaming_copies(mine) == mine

@@ -16,6 +16,7 @@ import threading
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
+from dlserve.tensors import heap
 from dlserve.tensors.shm import ShmSegment
 from dlserve.workers import polling
 from dlserve.workers.client import WorkerBase
@@ -43,6 +44,7 @@ class SubprocessWorker(WorkerBase):
         else:
             command = self.exec_env.command(options)
             env = self.exec_env.environment() if env is None else env
+        env = heap.streaming_copies(env)  # megabytes leave the worker without its caches
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *command, pass_fds=(theirs.fileno(), in_fd, out_fd, fds_theirs.fileno()),
