@@ -61,7 +61,7 @@ def streaming_copies(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (the server's own by default) for a worker, with glibc's non-temporal-store
     threshold set to 1 MiB (``GLIBC_TUNABLES``), unless the user set it (x86-64 Linux)."""
     result = dict(os.environ if env is None else env)
-    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
         return result
     tunables = result.get("GLIBC_TUNABLES", "")
     if NON_TEMPORAL_TUNABLE in tunables:
