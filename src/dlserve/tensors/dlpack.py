@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -72,9 +72,9 @@ _USED_VERSIONED_NAME: Final = _pinned(b"used_dltensor_versioned")
 _CONSUME_LOCK: Final = threading.Lock()  # check-and-rename of a capsule is one step
 
 
-@dataclass(frozen=True, slots=True)
-class DLTensorInfo:
-    """What a DLTensor describes, read out of the producer's struct."""
+class DLTensorInfo(NamedTuple):
+    """What a DLTensor describes, read out of the producer's struct (a named tuple: made
+    for every tensor that crosses the model boundary, it costs a third of a dataclass)."""
 
     ptr: int  # data pointer + byte_offset
     shape: tuple[int, ...]
@@ -86,48 +86,20 @@ class DLTensorInfo:
 
 
 # --- dlpack.h structures ----------------------------------------------------------------
+# Read and written with ``struct`` over one copy of their bytes (``ctypes.string_at``): a
+# ctypes.Structure builds an object per field access, ten times the cost per tensor.
 
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = (("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32))
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = (("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16))
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = (
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.c_void_p),  # int64*
-        ("strides", ctypes.c_void_p),  # int64*, may be NULL
-        ("byte_offset", ctypes.c_uint64),
-    )
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = (
-        ("dl_tensor", _DLTensor),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", ctypes.c_void_p),  # void (*)(DLManagedTensor*)
-    )
-
-
-class _DLPackVersion(ctypes.Structure):
-    _fields_ = (("major", ctypes.c_uint32), ("minor", ctypes.c_uint32))
-
-
-class _DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = (
-        ("version", _DLPackVersion),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", ctypes.c_void_p),  # void (*)(DLManagedTensorVersioned*)
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", _DLTensor),
-    )
+# DLTensor: data, device {type, id}, ndim, dtype {code, bits, lanes}, shape*, strides*,
+# byte_offset; 48 bytes.
+_DL_TENSOR: Final = struct.Struct("<QiiiBBHQQQ")
+# DLManagedTensor: DLTensor, manager_ctx, deleter.
+_MANAGED: Final = struct.Struct(_DL_TENSOR.format + "QQ")
+# DLManagedTensorVersioned: version {major, minor}, manager_ctx, deleter, flags, DLTensor.
+_VERSIONED: Final = struct.Struct("<IIQQQ" + _DL_TENSOR.format[1:])
+_DATA_DEVICE: Final = struct.Struct("<Qii")  # DLTensor's first 16 bytes: data, device
+_DTYPE_AT: Final = 20  # offset of DLTensor.dtype
+_DTYPE: Final = struct.Struct("<BBH")
+_INT64S: Final = [struct.Struct(f"<{n}q") for n in range(33)]  # shapes and strides by ndim
 
 
 # --- the PyCapsule C API ----------------------------------------------------------------
@@ -178,6 +150,9 @@ class _Memory:
         self.owner = owner
 
 
+_CARRIERS: Final = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
+
+
 def compact_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides, in elements, of a compact C-order tensor of this shape."""
     strides = [1] * len(shape)
@@ -191,7 +166,7 @@ def _check_exportable(
 ) -> None:
     if dtype.dl_code < 0:
         raise ValueError(f"data type {dtype.wire} has no DLPack representation")
-    if any(dim < 0 for dim in shape):
+    if shape and min(shape) < 0:
         raise ValueError(f"negative dimension in shape {shape}")
     if strides is not None and len(strides) != len(shape):
         raise ValueError(f"strides {strides} do not match shape {shape}")
@@ -213,16 +188,16 @@ def export_capsule(
     """
     _check_exportable(dtype, shape, strides)
     # 1. A private numpy array of same-sized unsigned ints over the memory, based on owner.
-    carrier_dtype = np.dtype(f"u{dtype.itemsize}")
+    carrier_dtype = _CARRIERS.get(dtype.itemsize) or np.dtype(f"u{dtype.itemsize}")
     byte_strides = None if strides is None else tuple(s * dtype.itemsize for s in strides)
     memory = _Memory(ptr, shape, byte_strides, carrier_dtype, False, owner)
     # 2. numpy builds the DLManagedTensor, its C deleter and its capsule destructor.
     capsule: object = np.asarray(memory).__dlpack__()
     # 3. Say what the memory really is: where it lives and its element type.
-    tensor = _DLManagedTensor.from_address(_capsule_get_pointer(capsule, _NAME)).dl_tensor
-    tensor.data = ptr or None
-    tensor.device = _DLDevice(device_type, device_id)
-    tensor.dtype = _DLDataType(dtype.dl_code, dtype.dl_bits, 1)
+    address = _capsule_get_pointer(capsule, _NAME)
+    head = _DATA_DEVICE.pack(ptr, device_type, device_id)
+    ctypes.memmove(address, head, _DATA_DEVICE.size)
+    ctypes.memmove(address + _DTYPE_AT, _DTYPE.pack(dtype.dl_code, dtype.dl_bits, 1), _DTYPE.size)
     return capsule
 
 
@@ -277,18 +252,19 @@ def _dtype_name(code: int, bits: int, lanes: int) -> str:
     return name if lanes == 1 else f"{name}x{lanes}"
 
 
-def _read_dtype(tensor: _DLTensor) -> DType:
-    code, bits, lanes = int(tensor.dtype.code), int(tensor.dtype.bits), int(tensor.dtype.lanes)
+def _read_dtype(code: int, bits: int, lanes: int) -> DType:
     found = dtypes.BY_DLPACK.get((code, bits)) if lanes == 1 else None
     if found is None:
         raise ValueError(f"unsupported DLPack data type {_dtype_name(code, bits, lanes)}")
     return found
 
 
-def _read_int64s(address: int | None, count: int) -> tuple[int, ...] | None:
+def _read_int64s(address: int, count: int) -> tuple[int, ...] | None:
     if not address:
         return None if count else ()
-    return tuple((ctypes.c_int64 * count).from_address(address))
+    if count < len(_INT64S):
+        return _INT64S[count].unpack(ctypes.string_at(address, 8 * count))
+    return struct.unpack(f"<{count}q", ctypes.string_at(address, 8 * count))
 
 
 def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -302,20 +278,17 @@ def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
-def _read_tensor(tensor: _DLTensor, readonly: bool) -> DLTensorInfo:
-    dtype = _read_dtype(tensor)
-    ndim = int(tensor.ndim)
-    shape = _read_int64s(tensor.shape, ndim) if ndim >= 0 else None
+def _read_tensor(fields: tuple[int, ...], readonly: bool) -> DLTensorInfo:
+    """A DLTensor's ten fields (``_DL_TENSOR``'s order) as a DLTensorInfo."""
+    data, device_type, device_id, ndim, code, bits, lanes, shape_at, strides_at, offset = fields
+    dtype = _read_dtype(code, bits, lanes)
+    shape = _read_int64s(shape_at, ndim) if ndim >= 0 else None
     if shape is None:
-        raise ValueError(f"malformed DLTensor: ndim={ndim}, shape pointer {tensor.shape}")
-    strides = _read_int64s(tensor.strides, ndim)
+        raise ValueError(f"malformed DLTensor: ndim={ndim}, shape pointer {shape_at or None}")
+    strides = _read_int64s(strides_at, ndim)
     if strides is not None and _is_compact(shape, strides):
         strides = None
-    ptr = int(tensor.data or 0) + int(tensor.byte_offset)
-    device = tensor.device
-    return DLTensorInfo(
-        ptr, shape, strides, dtype, int(device.device_type), int(device.device_id), readonly
-    )
+    return DLTensorInfo(data + offset, shape, strides, dtype, device_type, device_id, readonly)
 
 
 def _reports_cpu(obj: object) -> bool:
@@ -341,22 +314,21 @@ def _request_capsule(obj: object, stream: int | None) -> object:
 
 def _consume_legacy(capsule: object) -> tuple[DLTensorInfo, object]:
     address = int(_capsule_get_pointer(capsule, _NAME))
-    managed = _DLManagedTensor.from_address(address)
-    info = _read_tensor(managed.dl_tensor, readonly=False)
+    fields = _MANAGED.unpack(ctypes.string_at(address, _MANAGED.size))
+    info = _read_tensor(fields[:10], readonly=False)
     _capsule_set_name(capsule, _USED_NAME)
-    return info, _ProducerRef(address, int(managed.deleter or 0))
+    return info, _ProducerRef(address, fields[11])
 
 
 def _consume_versioned(capsule: object) -> tuple[DLTensorInfo, object]:
     address = int(_capsule_get_pointer(capsule, _VERSIONED_NAME))
-    managed = _DLManagedTensorVersioned.from_address(address)
-    major, minor = int(managed.version.major), int(managed.version.minor)
+    fields = _VERSIONED.unpack(ctypes.string_at(address, _VERSIONED.size))
+    major, minor, _, deleter, flags = fields[:5]
     if major != _SUPPORTED_MAJOR:
         raise ValueError(f"unsupported DLPack version {major}.{minor}")
-    readonly = bool(int(managed.flags) & _READ_ONLY_FLAG)
-    info = _read_tensor(managed.dl_tensor, readonly)
+    info = _read_tensor(fields[5:], bool(flags & _READ_ONLY_FLAG))
     _capsule_set_name(capsule, _USED_VERSIONED_NAME)
-    return info, _ProducerRef(address, int(managed.deleter or 0))
+    return info, _ProducerRef(address, deleter)
 
 
 def import_capsule(obj: object, stream: int | None = None) -> tuple[DLTensorInfo, object]:
