@@ -297,8 +297,8 @@ def export_handle(ptr: int, device: int) -> tuple[bytes, int, int]:
     done (another process reads the memory next). Only ``cudaMalloc`` memory has such a
     handle (torch's caching allocator's does; memory from the stream-ordered pool does
     not)."""
-    synchronize(device)
     with on_device(device):
+        _check("cudaStreamSynchronize", _runtime().cudaStreamSynchronize(LEGACY_STREAM))
         base, _ = address_range(ptr)
         handle = _check("cudaIpcGetMemHandle", _runtime().cudaIpcGetMemHandle(base))
     raw = ctypes.string_at(handle.getPtr(), HANDLE_SIZE)
