@@ -37,9 +37,6 @@ def _worker(what: str) -> link.WorkerLink:
 # -- requests ------------------------------------------------------------------------------
 
 
-# -- requests ------------------------------------------------------------------------------
-
-
 def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.BlsCall:
     from dlserve.backend.request import InferenceTrace  # request.py imports this module
 

@@ -71,7 +71,10 @@ class Connection:
         gpu: list[int] = []
         while self.returns:
             offset = self.returns.popleft()
-            (gpu.append(-offset) if offset < 0 else offsets.append(offset))
+            if offset < 0:
+                gpu.append(-offset)
+            else:
+                offsets.append(offset)
             self.lent -= 1
         return m.Release(offsets, gpu)
 
