@@ -263,11 +263,23 @@ def ensure_triton() -> Path:
 
 
 def triton_env() -> dict[str, str]:
-    """This environment plus the wheel's bundled libraries on LD_LIBRARY_PATH."""
+    """This environment plus the wheel's bundled libraries on LD_LIBRARY_PATH, less any
+    virtual environment: the backend stub's embedded Python finds its home through PATH,
+    and an activated venv's ``python3`` there would give it the venv's numpy 2 (the stub
+    needs numpy<2: its tensors came out garbled, its outputs empty)."""
     env = dict(os.environ)
     parts = [str(TRITON_LIBS), env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in parts if p)
+    path = env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(p for p in path if p and not _in_venv(Path(p)))
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONHOME", None)
     return env
+
+
+def _in_venv(folder: Path) -> bool:
+    """Whether ``folder`` is a virtual environment's bin folder."""
+    return (folder.parent / "pyvenv.cfg").is_file()
 
 
 def triton_command(
