@@ -9,6 +9,7 @@ back, or when the connection closes (the caller died or stopped).
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import time
@@ -121,7 +122,8 @@ class ServedCalls:
         return found[0]
 
     def _spin(self, poller: select.poll) -> list[tuple[int, int]]:
-        """Poll without sleeping for up to ``spin_ns`` (--busy-poll-us)."""
+        """Poll without sleeping for up to ``spin_ns`` (--busy-poll-us), letting whoever
+        else is runnable on this CPU go first between polls."""
         if not self.spin_ns:
             return []
         deadline = time.perf_counter_ns() + self.spin_ns
@@ -129,3 +131,4 @@ class ServedCalls:
             events = poller.poll(0)
             if events or time.perf_counter_ns() > deadline:
                 return events
+            os.sched_yield()

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -126,6 +127,7 @@ class BlockingChannel(Generic[T]):
                 except BlockingIOError:
                     if time.perf_counter_ns() > deadline:
                         break
+                    os.sched_yield()  # whoever else is runnable on this CPU goes first
         return self._sock.recv_into(view)
 
     def _recv_exactly(self, view: memoryview) -> None:
