@@ -1,12 +1,11 @@
 """GPU tensors between models (BLS) by CUDA IPC handle: the interface, and a small
 implementation on cuda-python.
 
-GPU-BLS: written against :class:`CudaIpc`, the four calls BLS needs, implemented on
-``tensors/cuda_ipc.py``. Not run on a GPU when written: the ``gpu`` tests in
-``tests/e2e/test_bls_gpu.py`` exercise it. A tensor in a client's CUDA region that is
-passed on is exported again from the worker's mapping, which CUDA refuses for IPC-opened
-memory: ``find`` should also look in the worker's CUDA region mappings (to pass on the
-client's handle and offset).
+BLS is written against :class:`CudaIpc`, the four calls it needs, implemented on
+``tensors/cuda_ipc.py``; the ``gpu`` tests in ``tests/e2e/test_bls_gpu.py`` run it on a
+GPU. CUDA will not export IPC-opened memory again, so a tensor received by handle is
+passed on by the same handle (``find``), and one in a client's CUDA region by that
+region's handle (``bls_tensors._gpu_ref``).
 
 A sender exports the allocation that holds a pointer (``cuMemGetAddressRange`` gives
 its base, ``cuIpcGetMemHandle`` its handle) and sends (handle, offset). A receiver

@@ -1,8 +1,8 @@
 """GPU tensors between models (BLS) in the worker: received by CUDA IPC handle, and GPU
 outputs lent to a BLS caller by handle instead of being copied to the host.
 
-GPU-BLS (for the lead): this runs only on a GPU machine; ``tests/e2e/test_bls_gpu.py``
-exercises it. The IPC calls go through ``backend.cuda_peers.ipc()``.
+This runs only on a GPU machine; the ``gpu`` tests in ``tests/e2e/test_bls_gpu.py``
+exercise it. The IPC calls go through ``backend.cuda_peers.ipc()``.
 """
 
 from __future__ import annotations
