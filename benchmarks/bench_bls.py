@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         for size in args.sizes.split(","):
             for row in measure_size(server.grpc_url, SIZES[size], args):
                 rows.append({"size": size, **row})
-                print(f"# {rows[-1]['size']} {rows[-1]['model']} p50 {row['p50_us']:.0f} us",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(f"# {size} {row['model']} p50 {row['p50_us']:.0f} us", file=sys.stderr,
+                      flush=True)  # fmt: skip
     print(f"{'size':<6} {'model':<18} {'requests':>9} {'p50 us':>9} {'p99 us':>9}")
     for row in rows:
         print(f"{row['size']:<6} {row['model']:<18} {row['requests']:>9} {row['p50_us']:>9.0f} "
