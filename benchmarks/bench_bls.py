@@ -90,11 +90,13 @@ class Driver:
         self.client.close()
 
 
-def measure_size(url: str, shape: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_size(
+    url: str, shape: list[int], args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[float]]:
     """The single model and the BLS pipeline in alternating blocks of ``args.block``
     seconds, ``args.duration`` seconds each in all: the host's speed drifts over seconds on
     these shared machines, so both see the same drift and the ratio is taken over the same
-    span of time. Returns a row per model and the ratios of the block pairs."""
+    span of time. Returns a row per model, and the BLS / single ratio of each block pair."""
     drivers = [Driver(url, model, shape) for model in MODELS_COMPARED]
     try:
         for driver in drivers:
@@ -114,9 +116,8 @@ def measure_size(url: str, shape: list[int], args: argparse.Namespace) -> list[d
             micros = np.array(driver.latencies) * 1e6
             rows.append({"model": driver.model, "requests": int(micros.size),
                          "p50_us": float(np.percentile(micros, 50)),
-                         "p99_us": float(np.percentile(micros, 99)),
-                         "block_ratios": pairs})  # fmt: skip
-        return rows
+                         "p99_us": float(np.percentile(micros, 99))})  # fmt: skip
+        return rows, pairs
     finally:
         for driver in drivers:
             driver.close()
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
+    block_ratios: dict[str, list[float]] = {}  # by size
     with _triton.run_dlserve(
         MODELS,
         *_triton.free_ports(3),
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         *args.dlserve_args.split(),
     ) as server:
         for size in args.sizes.split(","):
-            for row in measure_size(server.grpc_url, SIZES[size], args):
+            measured, block_ratios[size] = measure_size(server.grpc_url, SIZES[size], args)
+            for row in measured:
                 rows.append({"size": size, **row})
                 print(f"# {size} {row['model']} p50 {row['p50_us']:.0f} us", file=sys.stderr,
                       flush=True)  # fmt: skip
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     for size in args.sizes.split(","):
         single, bls = (r for r in rows if r["size"] == size)
         triton_bls, triton_single = TRITON_MS[size]
-        pairs = np.array(bls["block_ratios"])
+        pairs = np.array(block_ratios[size])
         print(f"{size}: BLS / single p50 = {bls['p50_us'] / single['p50_us']:.2f} (target <= "
               f"1.5; Triton 2.51: {triton_bls / triton_single:.1f}); block pairs: median "
               f"{np.median(pairs):.2f}, range {pairs.min():.2f}-{pairs.max():.2f} "
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "reference": {"server": "Triton 2.51 (issue 6's numbers, ms)", "numbers": TRITON_MS},
             "results": rows,
+            "block_ratios": block_ratios,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
 

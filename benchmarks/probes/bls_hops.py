@@ -55,7 +55,7 @@ def cpu_probe():
     total = 0
     for i in range(300):
         total += i * i
-    return (time.perf_counter() - start) * 1e6
+    return time.perf_counter() - start
 
 
 class TritonPythonModel:
@@ -79,10 +79,10 @@ class TritonPythonModel:
                 computed = time.perf_counter()
                 out = pb_utils.Tensor("OUTPUT_0", result.astype(np.float32))
             end = time.perf_counter()
-            # the whole body, then its steps: input, import, compute, export (microseconds),
-            # then the CPU probe's time
-            took = np.array([(end - start) * 1e6, *(np.array([got - start, imported - got,
-                             computed - imported, end - computed]) * 1e6), cpu])
+            # the whole body, then its steps: input, import, compute, export, then the CPU
+            # probe's time (microseconds)
+            took = np.array([end - start, got - start, imported - got, computed - imported,
+                             end - computed, cpu]) * 1e6
             responses.append(pb_utils.InferenceResponse([out, pb_utils.Tensor("EXEC_US", took)]))
         return responses
 """
