@@ -20,12 +20,17 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+@pytest.fixture(scope="module", params=["direct", "through_server"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """BLS calls straight to the callee's worker, and (--bls-direct false) through the
+    server: GPU tensors are lent and given back either way."""
     repository = tmp_path_factory.mktemp("bls_gpu_repo")
     for name in ("bls_gpu_ops", "bls_gpu"):
         shutil.copytree(TEST_MODELS / name, repository / name)
-    with run_server(repository) as running:
+    direct = "true" if request.param == "direct" else "false"
+    with run_server(repository, "--bls-direct", direct) as running:
         yield running
 
 
@@ -43,6 +48,16 @@ def test_gpu_pipeline_keeps_tensors_on_the_gpu(server: RunningServer, size: int)
         result = infer(server, "pipeline", x)
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), x * 2 + 1)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [1.0])
+
+
+def test_gpu_give_back_waits_for_the_callers_work(server: RunningServer) -> None:
+    """A lent GPU output is summed behind a long GPU sleep, then dropped, and the callee is
+    called again at once: the give-back must wait for the caller's queued work, or the
+    callee's next tensors overwrite the memory before the sum reads it."""
+    x = np.linspace(0, 1, 1_000_000, dtype=np.float32)
+    for _ in range(2):
+        total = infer(server, "give_back", x).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(total, [2 * x.sum(dtype=np.float64)], rtol=1e-4)
 
 
 def test_gpu_zero_copy_between_models(server: RunningServer) -> None:

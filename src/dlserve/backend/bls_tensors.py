@@ -136,7 +136,8 @@ def _output_tensor(
         base = cuda_peers.ipc().open(ref.handle, ref.device)
         info = cuda_peers.gpu_info(base + ref.offset, ref.shape, dtype, ref.device)
         keepalive = _Lent()
-        weakref.finalize(keepalive, give_back, ref.region, -ref.lend)
+        weakref.finalize(keepalive, cuda_peers.given_back, give_back, ref.region, ref.lend,
+                         ref.device)  # fmt: skip
         return Tensor._wrap_gpu(ref.name, info, keepalive)
     lent = ref.where == m.Where.PEER_ARENA and worker.memory is not None
     if lent:

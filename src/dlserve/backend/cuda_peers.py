@@ -11,12 +11,14 @@ A sender exports the allocation that holds a pointer (``cuMemGetAddressRange`` g
 its base, ``cuIpcGetMemHandle`` its handle) and sends (handle, offset). A receiver
 opens each handle once and keeps it open (an open costs ~470 us on an H200), so a
 pointer is ``base + offset``. The sender keeps the memory alive until the receiver's
-response is back (inputs) or until the receiver gives it back (outputs).
+response is back (inputs) or until the receiver gives it back (outputs); a receiver
+gives an output back only once its own queued work is done (:func:`settle`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dlserve.backend.errors import TritonModelException
@@ -58,6 +60,29 @@ def synchronize(device: int) -> None:
         cuda_ipc.synchronize(device)
     except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
         raise TritonModelException(f"passing a GPU tensor to another model: {exc}") from None
+
+
+_unsettled: set[int] = set()  # devices of lent GPU outputs given back since the last settle
+
+
+def given_back(give_back: Callable[[int, int], None], region: int, lend: int, device: int) -> None:
+    """A lent GPU output is no longer held here (a finalizer): it goes back with the next
+    frame, which waits for this process's work on ``device`` first (:func:`settle`)."""
+    _unsettled.add(device)
+    give_back(region, -lend)
+
+
+def settle() -> None:
+    """Before a frame gives lent GPU outputs back: wait for the work this process queued on
+    their devices, on any stream, which may still read them (the lender's next tensors may
+    take the memory at once). Called after the give-backs were taken from their queue, so
+    each was noted here before."""
+    while _unsettled:
+        device = _unsettled.pop()
+        try:
+            cuda_ipc.synchronize_device(device)
+        except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable):
+            pass  # the context is broken: no work of ours runs on it any more
 
 
 def gpu_info(ptr: int, shape: list[int], dtype: Any, device: int) -> dlpack.DLTensorInfo:

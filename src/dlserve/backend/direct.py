@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from dlserve import errors
+from dlserve.backend import cuda_peers
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
@@ -76,6 +77,8 @@ class Connection:
             else:
                 offsets.append(offset)
             self.lent -= 1
+        if gpu:
+            cuda_peers.settle()
         return m.Release(offsets, gpu)
 
     def close(self) -> None:

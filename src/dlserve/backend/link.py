@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
+from dlserve.backend import cuda_peers
 from dlserve.backend.direct import DirectCalls
 from dlserve.backend.direct_serving import Served, ServedCalls, receive_fds
 from dlserve.backend.errors import TritonModelException
@@ -135,6 +136,8 @@ class WorkerLink(FlowControl):
             arena, offset = self._peer_releases.popleft()
             arenas.append(arena)
             offsets.append(offset)
+        if any(offset < 0 for offset in offsets):  # lent GPU outputs among them
+            cuda_peers.settle()
         return m.PeerRelease(arenas, offsets)
 
     def close_direct(self) -> None:
@@ -353,6 +356,8 @@ class WorkerLink(FlowControl):
                 for ref in msg.outputs:
                     if ref.where == m.Where.PEER_ARENA:
                         self.release_peer(ref.region, ref.offset)
+                    elif ref.where == m.Where.CUDA_IPC and ref.lend:
+                        self.release_peer(ref.region, -ref.lend)
             elif isinstance(msg, m.DirectTargets):  # nobody waits: its sockets are closed
                 self.direct.drop_fds(msg.call)
         elif isinstance(msg, m.Credit):

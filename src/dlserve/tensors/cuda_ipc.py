@@ -310,3 +310,10 @@ def synchronize(device: int) -> None:
     stream): memory handed to another process must be written before it reads."""
     with on_device(device):
         _check("cudaStreamSynchronize", _runtime().cudaStreamSynchronize(LEGACY_STREAM))
+
+
+def synchronize_device(device: int) -> None:
+    """Wait for all the work this process queued on ``device``, on every stream: memory
+    given back to another process may be written by it next."""
+    with on_device(device):
+        _check("cudaDeviceSynchronize", _runtime().cudaDeviceSynchronize())

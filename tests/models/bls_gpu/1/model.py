@@ -19,6 +19,19 @@ def call(op, tensor):
     return pb_utils.get_output_tensor_by_name(response, "OUTPUT0")
 
 
+def give_back_then_call(x, other, torch):
+    """Sum a lent output with work still queued behind a long GPU sleep, drop it (it goes
+    back with the next call), and call the callee again at once: the callee's new tensors
+    may take the freed memory. The sum is right only when the give-back waited for it."""
+    doubled = call("double", pb_utils.Tensor.from_dlpack("INPUT0", x))
+    lent = torch.from_dlpack(doubled)
+    torch.cuda._sleep(400_000_000)  # about 0.2 s of GPU time, queued before the sum
+    total = lent.sum().reshape(1)
+    del doubled, lent
+    call("double", pb_utils.Tensor("INPUT0", other))  # a host input: no wait for the GPU
+    return total
+
+
 class TritonPythonModel:
     def execute(self, requests):
         import torch
@@ -31,6 +44,9 @@ class TritonPythonModel:
             if mode == "in_place":
                 call("add_one_in_place", pb_utils.Tensor.from_dlpack("INPUT0", x))
                 result, on_gpu = x, True
+            elif mode == "give_back":
+                host = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                result, on_gpu = give_back_then_call(x, host * 100, torch), True
             else:
                 doubled = call("double", pb_utils.Tensor.from_dlpack("INPUT0", x))
                 renamed = pb_utils.Tensor.from_dlpack("INPUT0", doubled)
