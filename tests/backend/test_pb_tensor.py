@@ -127,6 +127,40 @@ def test_from_dlpack_takes_protocol_objects_and_bf16_keeps_its_bits() -> None:
     assert torch.equal(torch.from_dlpack(again), values)
 
 
+def test_from_dlpack_of_a_tensor_shares_it_and_keeps_what_it_keeps() -> None:
+    """A pb_utils.Tensor passed on (a BLS output renamed for the next call): the same
+    memory, and whatever held the first one's memory lives until both are gone."""
+    owner = Owner()
+    watch = weakref.ref(owner)
+    first = pb_utils.Tensor.from_dlpack("a", dlpack.capsule_from_array(
+        np.arange(4, dtype=np.float32), dtypes.BY_WIRE["FP32"]))  # fmt: skip
+    first._keepalive = (first._keepalive, owner)  # stands for a lent output's keepalive
+    del owner
+    second = pb_utils.Tensor.from_dlpack("b", first)
+    assert (second.name(), second.triton_dtype(), second.shape()) == ("b", pb_utils.TYPE_FP32, [4])
+    second.as_numpy()[0] = 7
+    assert first.as_numpy()[0] == 7
+    del first
+    gc.collect()
+    assert watch() is not None
+    del second
+    gc.collect()
+    assert watch() is None
+    bf16 = pb_utils.Tensor.from_dlpack("c", torch.tensor([1.5], dtype=torch.bfloat16))
+    assert pb_utils.Tensor.from_dlpack("d", bf16).triton_dtype() == pb_utils.TYPE_BF16
+    words = pb_utils.Tensor("s", np.array([b"x"], dtype=np.object_))
+    with pytest.raises(pb_utils.TritonModelException, match="string tensors"):
+        pb_utils.Tensor.from_dlpack("t", words)
+
+
+def test_from_dlpack_of_a_gpu_tensor_stays_on_its_device() -> None:
+    first = pb_utils.Tensor.from_dlpack("g", cuda_capsule((2, 3)))
+    second = pb_utils.Tensor.from_dlpack("h", first)
+    assert not second.is_cpu() and second.shape() == [2, 3]
+    info, _ = dlpack.import_capsule(second.to_dlpack())
+    assert (info.ptr, info.device_type, info.device_id) == (0xDEAD0000, dlpack.CUDA, 1)
+
+
 def test_from_dlpack_of_non_contiguous_host_tensor_copies_it() -> None:
     producer = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
     tensor = pb_utils.Tensor.from_dlpack("t", producer)

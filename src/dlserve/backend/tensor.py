@@ -166,6 +166,8 @@ class Tensor:
         """A Tensor sharing the producer's memory; the producer lives as long as it does."""
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
+        if type(tensor) is Tensor:  # a BLS output passed on, say: shared without a capsule
+            return tensor._shared(name)
         info, keepalive = _import(name, tensor)
         result = cls.__new__(cls)
         result._name, result._dtype, result._gpu = name, info.dtype, None
@@ -186,6 +188,23 @@ class Tensor:
             raise TritonModelException(
                 f"DLDevice type {info.device_type} is not supported by Python backend."
             )
+        return result
+
+    def _shared(self, name: str) -> Tensor:
+        """``from_dlpack(name, self)`` without the capsule's round trip: the same memory,
+        this Tensor kept alive by the new one (so is what it keeps alive: a lent output)."""
+        if self._dtype.is_bytes:
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        result = Tensor.__new__(Tensor)
+        result._name, result._dtype, result._gpu = name, self._dtype, self._gpu
+        result._keepalive = self
+        # as through DLPack: a GPU tensor's pending work is ordered on the legacy stream
+        result._on_legacy_stream = self._gpu is not None
+        if self._gpu is None:
+            assert self._array is not None
+            result._array = self._array.view()
+        else:
+            result._array = None
         return result
 
     # -- dlserve internals -----------------------------------------------------------------
