@@ -65,6 +65,13 @@ def test_gpu_zero_copy_between_models(server: RunningServer) -> None:
     np.testing.assert_array_equal(infer(server, "in_place", x).as_numpy("OUTPUT0"), x + 1)
 
 
+def test_gpu_answer_waits_for_the_callees_work_on_its_input(server: RunningServer) -> None:
+    """The callee adds 1 to the caller's tensor behind a long GPU sleep and answers with a
+    host tensor: its answer must wait for that work, or the caller reads x, not x + 1."""
+    x = np.arange(1000, dtype=np.float32)
+    np.testing.assert_array_equal(infer(server, "in_place_late", x).as_numpy("OUTPUT0"), x + 1)
+
+
 def test_gpu_zero_copy_from_a_client_cuda_region(server: RunningServer) -> None:
     """The client's input is in its CUDA shared memory; bls_gpu passes it on (by the
     client's handle) to bls_gpu_ops, which adds 1 to it in place: the client's own GPU

@@ -13,7 +13,7 @@ import threading
 from dlserve import backend as pb_utils
 from dlserve.backend import cuda_peers
 from dlserve.ipc import messages as m
-from dlserve.tensors import dtypes
+from dlserve.tensors import cuda_ipc, dtypes
 from dlserve.workers.regions import ClientRegions
 
 
@@ -23,6 +23,17 @@ def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
     dtype = dtypes.BY_WIRE[ref.datatype]
     info = cuda_peers.gpu_info(base + ref.offset, ref.shape, dtype, ref.device)
     return pb_utils.Tensor._wrap_gpu(ref.name, info, None)
+
+
+def settle(device: int) -> None:
+    """Wait for all the work this process queued on ``device`` (raises
+    TritonModelException on a CUDA error)."""
+    try:
+        cuda_ipc.synchronize_device(device)
+    except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
+        raise pb_utils.TritonModelException(
+            f"waiting for the model's GPU work on its inputs: {exc}"
+        ) from None
 
 
 class GpuLender:

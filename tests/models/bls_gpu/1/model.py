@@ -44,6 +44,9 @@ class TritonPythonModel:
             if mode == "in_place":
                 call("add_one_in_place", pb_utils.Tensor.from_dlpack("INPUT0", x))
                 result, on_gpu = x, True
+            elif mode == "in_place_late":  # the callee answers before its GPU work is done
+                call("add_one_in_place_late", pb_utils.Tensor.from_dlpack("INPUT0", x))
+                result, on_gpu = x, True
             elif mode == "give_back":
                 host = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
                 result, on_gpu = give_back_then_call(x, host * 100, torch), True

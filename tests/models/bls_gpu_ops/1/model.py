@@ -3,6 +3,7 @@ model loads where torch or a GPU is missing (the tests that use it need both).""
 
 import json
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
@@ -20,6 +21,15 @@ class TritonPythonModel:
             if op == "add_one_in_place":
                 x += 1
                 result = x
+            elif op == "add_one_in_place_late":  # behind a GPU sleep; answers from the host
+                torch.cuda._sleep(400_000_000)
+                x += 1
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("OUTPUT0", np.zeros(1, dtype=np.float32))]
+                    )
+                )
+                continue
             else:
                 result = x * 2 if op == "double" else x + 1
             output = pb_utils.Tensor.from_dlpack("OUTPUT0", result)
