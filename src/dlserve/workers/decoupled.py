@@ -8,6 +8,7 @@ can take the next request.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from dlserve import backend as pb_utils
 from dlserve.backend import link
 from dlserve.backend.errors import TritonModelException
 from dlserve.ipc import messages as m
+from dlserve.workers import gpu_bls
 
 if TYPE_CHECKING:
     from dlserve.workers.runner import Item, ModelRunner
@@ -126,6 +128,12 @@ class _Stream:
         final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if not final and not self.worker.hold_send(self.msg.rid, self._cancelled):
             return
+        if final:  # the request's borrowed GPU inputs go back to their owner with it
+            try:
+                gpu_bls.settle_borrowed([self.msg])
+            except TritonModelException as exc:
+                self.fail(exc)
+                return
         frame = m.StreamResponse(rid=self.msg.rid, final=final, has_response=response is not None)
         buffers: list[memoryview] = []
         if response is not None:
@@ -144,6 +152,8 @@ class _Stream:
         self._send(frame, buffers)
 
     def fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(TritonModelException):  # the error goes either way
+            gpu_bls.settle_borrowed([self.msg])
         frame = m.StreamResponse(rid=self.msg.rid, final=True)
         frame.error, frame.error_code = self.runner.describe_error(exc)
         self._send(frame, [])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Iterable
+from typing import Final
 
 from dlserve import backend as pb_utils
 from dlserve.backend import cuda_peers
@@ -25,15 +27,23 @@ def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
     return pb_utils.Tensor._wrap_gpu(ref.name, info, None)
 
 
-def settle(device: int) -> None:
-    """Wait for all the work this process queued on ``device`` (raises
-    TritonModelException on a CUDA error)."""
-    try:
-        cuda_ipc.synchronize_device(device)
-    except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
-        raise pb_utils.TritonModelException(
-            f"waiting for the model's GPU work on its inputs: {exc}"
-        ) from None
+def settle_borrowed(items: Iterable[m.Infer | m.BatchItem]) -> None:
+    """After ``execute``, before the answer: the model's GPU work is done on the devices of
+    its inputs that are not this worker's memory (a client's CUDA region, a BLS caller's
+    tensor), on any stream. Their owner may read, reuse or free them once it has the
+    answer, and a model that writes into such an input and answers from the host has not
+    waited for that work. Raises TritonModelException on a CUDA error."""
+    devices = {ref.device for item in items for ref in item.inputs if ref.where in _BORROWED}
+    for device in devices:
+        try:
+            cuda_ipc.synchronize_device(device)
+        except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
+            raise pb_utils.TritonModelException(
+                f"waiting for the model's GPU work on its inputs: {exc}"
+            ) from None
+
+
+_BORROWED: Final = (m.Where.CUDA_REGION, m.Where.CUDA_IPC)
 
 
 class GpuLender:

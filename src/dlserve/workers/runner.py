@@ -37,7 +37,6 @@ from dlserve.workers.regions import ClientRegions
 
 Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
 _NO_TARGETS: dict[str, m.TensorRef] = {}  # a request that names no output region
-_BORROWED_GPU = (m.Where.CUDA_REGION, m.Where.CUDA_IPC)  # GPU inputs in others' memory
 
 
 class LoadError(Exception):
@@ -247,7 +246,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             responses = self._call(self.model.execute, requests)
             infer_end = time.monotonic_ns()
             checked = rescheduling.checked_responses(responses, requests)
-            _settle_borrowed_gpu(items, running)
+            gpu_bls.settle_borrowed([items[index] for index in running])
         except BaseException as exc:  # the model's failure is every request's failure
             for index in running:
                 replies[index] = self._error_reply(items[index].rid, exc), []
@@ -353,15 +352,3 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         self.peers.close()
         self.output_segment.close()
         self.input_arena.close()
-
-
-def _settle_borrowed_gpu(items: Sequence[Item], running: list[int]) -> None:
-    """After ``execute``, before the replies: the model's GPU work is done on the devices of
-    its inputs that are not this worker's memory (a client's CUDA region, a BLS caller's
-    tensor), on any stream. Their owner may read, reuse or free them once it has the
-    answer, and a model that writes into such an input and answers from the host has not
-    waited for that work. Raises TritonModelException on a CUDA error."""
-    devices = {ref.device for index in running for ref in items[index].inputs
-               if ref.where in _BORROWED_GPU}  # fmt: skip
-    for device in devices:
-        gpu_bls.settle(device)
