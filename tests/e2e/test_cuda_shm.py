@@ -58,7 +58,7 @@ PLACEMENTS = {  # model name -> the config parameter its copy of gpu_ops sets
 
 def _repository(root: Path) -> Path:
     for source in (EXAMPLES / "add_sub", TEST_MODELS / "gated", TEST_MODELS / "gpu_ops",
-                   TEST_MODELS / "your_python_model"):  # fmt: skip
+                   TEST_MODELS / "gpu_stream_late", TEST_MODELS / "your_python_model"):  # fmt: skip
         shutil.copytree(source, root / source.name)
     for name, (key, value) in PLACEMENTS.items():
         shutil.copytree(TEST_MODELS / "gpu_ops", root / name)
@@ -302,6 +302,19 @@ class TestOnTheGpu:
         np.testing.assert_array_equal(read(region, 64, 16, 256), data + 1)  # the client's own
         np.testing.assert_array_equal(read(region, 128, 16, 256), data + 1)
 
+    def test_the_answer_waits_for_the_models_gpu_work_on_the_clients_memory(
+        self, client: Client, regions: Regions
+    ) -> None:
+        """The model adds 1 to the client's region behind a long GPU sleep and answers from
+        the host: the answer must not come before that work is done."""
+        region = regions.create(64)
+        client.register("r", region, 64)
+        data = fp32()
+        write(region, 0, data)
+        client.infer("gpu_ops", [client.in_region("INPUT_0", [16], "r")],
+                     [client.output("OUTPUT_0")], op="in_place_late")  # fmt: skip
+        np.testing.assert_array_equal(read(region, 0, 16, 64), data + 1)
+
     @pytest.mark.parametrize("op", ["double", "double_cupy"])
     def test_torch_and_cupy_models(self, client: Client, regions: Regions, op: str) -> None:
         if op == "double_cupy":
@@ -447,5 +460,35 @@ def test_a_request_goes_to_an_instance_on_its_inputs_gpu(tmp_path: Path,
         metrics = urllib.request.urlopen(server.metrics_url, timeout=DEADLINE_S).read().decode()
         assert 'dlserve_cross_device_requests_total{model="on_zero",version="1"} 1' in metrics
         assert 'dlserve_cross_device_requests_total{model="on_both",version="1"} 0' in metrics
+        client.api.unregister_cuda_shared_memory()
+        client.api.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")
+def test_a_streams_final_response_waits_for_the_gpu_work_on_the_clients_memory(
+    cuda_server: RunningServer, regions: Regions
+) -> None:
+    """A decoupled model adds 1 to the client's region behind a long GPU sleep and sends
+    host responses: the final one must not come before that work is done."""
+    client = connect("grpc", cuda_server)
+    region = regions.create(64)
+    client.register("r", region, 64)
+    data = fp32()
+    write(region, 0, data)
+    results: queue.Queue[Any] = queue.Queue()
+    client.api.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        client.api.async_stream_infer("gpu_stream_late", [client.in_region("INPUT_0", [16], "r")],
+                                      enable_empty_final_response=True)  # fmt: skip
+        while True:
+            result = results.get(timeout=DEADLINE_S)
+            assert not isinstance(result, Exception), result
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+        np.testing.assert_array_equal(read(region, 0, 16, 64), data + 1)
+    finally:
+        client.api.stop_stream()
         client.api.unregister_cuda_shared_memory()
         client.api.close()

@@ -8,6 +8,8 @@ producer_gc  OUTPUT_0 = INPUT_0 * 3 from a torch tensor that is deleted, garbage
              and whose memory is reused right after from_dlpack
 buffer       writes INPUT_0 * 2 straight into get_output_buffer's tensor and returns it
 as_numpy     OUTPUT_0 = INPUT_0.as_numpy() * 2, on the host
+in_place_late  INPUT_0 += 1 queued behind a 0.2 s GPU sleep; OUTPUT_0 = [0] on the host
+             (nothing in the answer itself waits for the GPU work)
 
 Every response says, in its parameters, where the input was (is_cpu, input_device), the
 worker's current CUDA device for torch, the instance's device UUID from args, and for
@@ -17,6 +19,7 @@ worker's current CUDA device for torch, the instance's device UUID from args, an
 import gc
 import json
 
+import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import from_dlpack, to_dlpack
@@ -76,6 +79,12 @@ class TritonPythonModel:
         parameters["buffer_is_cpu"] = out.is_cpu()
         torch.mul(source.to(torch.from_dlpack(out).device), 2, out=torch.from_dlpack(out))
         return out
+
+    def in_place_late(self, request, tensor, parameters):
+        view = torch.from_dlpack(tensor)
+        torch.cuda._sleep(400_000_000)
+        view += 1
+        return pb_utils.Tensor("OUTPUT_0", np.zeros(1, dtype=np.float32))
 
     def as_numpy(self, request, tensor, parameters):
         return pb_utils.Tensor("OUTPUT_0", tensor.as_numpy() * 2)
