@@ -69,7 +69,9 @@ def test_gpu_answer_waits_for_the_callees_work_on_its_input(server: RunningServe
     """The callee adds 1 to the caller's tensor behind a long GPU sleep and answers with a
     host tensor: its answer must wait for that work, or the caller reads x, not x + 1."""
     x = np.arange(1000, dtype=np.float32)
-    np.testing.assert_array_equal(infer(server, "in_place_late", x).as_numpy("OUTPUT0"), x + 1)
+    for _ in range(2):  # a process's first kernel launch loads the module and waits
+        got = infer(server, "in_place_late", x).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(got, x + 1)
 
 
 def test_gpu_zero_copy_from_a_client_cuda_region(server: RunningServer) -> None:

@@ -22,7 +22,8 @@ class TritonPythonModel:
                 x += 1
                 result = x
             elif op == "add_one_in_place_late":  # behind a GPU sleep; answers from the host
-                torch.cuda._sleep(400_000_000)
+                for _ in range(200):  # short kernels: the GPU may switch to the reader between them
+                    torch.cuda._sleep(2_000_000)
                 x += 1
                 responses.append(
                     pb_utils.InferenceResponse(
