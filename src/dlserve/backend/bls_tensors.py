@@ -5,6 +5,7 @@ share them."""
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -91,7 +92,7 @@ def _gpu_ref(tensor: Tensor, memory: BlsMemory | None) -> m.TensorRef:
     region, it travels as that region's handle."""
     info = tensor._gpu
     assert info is not None
-    nbytes = tensor.dtype.itemsize * int(np.prod(info.shape, dtype=np.int64))
+    nbytes = tensor.dtype.itemsize * math.prod(info.shape)  # ints: exact, and no array made
     in_region = memory.locate_gpu(info.ptr, nbytes) if memory is not None else None
     if in_region is not None:
         cuda_peers.synchronize(info.device_id)
