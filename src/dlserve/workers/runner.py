@@ -9,6 +9,7 @@ the client region the request names for them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -248,6 +249,8 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             checked = rescheduling.checked_responses(responses, requests)
             gpu_bls.settle_borrowed([items[index] for index in running])
         except BaseException as exc:  # the model's failure is every request's failure
+            with contextlib.suppress(pb_utils.TritonModelException):  # its GPU work too
+                gpu_bls.settle_borrowed([items[index] for index in running])
             for index in running:
                 replies[index] = self._error_reply(items[index].rid, exc), []
             return
