@@ -136,8 +136,7 @@ class WorkerLink(FlowControl):
             arena, offset = self._peer_releases.popleft()
             arenas.append(arena)
             offsets.append(offset)
-        if any(offset < 0 for offset in offsets):  # lent GPU outputs among them
-            cuda_peers.settle()
+        cuda_peers.settle()  # lent GPU outputs among them: nothing to wait for otherwise
         return m.PeerRelease(arenas, offsets)
 
     def close_direct(self) -> None:
