@@ -3,7 +3,8 @@ through the server (core/direct.py, backend/direct.py), through a real server dr
 unmodified tritonclient:
 
 - they do not pass through the server: with the server stopped (SIGSTOP), calls run;
-- the callee's statistics count them by the time the caller's client has its response;
+- the callee's statistics count them by the time the caller's client has its response,
+  also down a chain of direct calls (a callee's own calls, forwarded by its caller);
 - the caller checks a call as the server would: the same error, counted as a failure;
 - two calls at once to one instance (the second goes through the server);
 - a callee that dies mid-call fails the call; restarted, it is called again;
@@ -36,7 +37,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import TEST_MODELS, FifoGate, RunningServer, repository_of, run_server
 
 DEADLINE_S = 60.0
-MODELS = ("bls_direct", "double", "crash", "in_place")
+MODELS = ("bls_direct", "double", "crash", "in_place", "relay")
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +123,22 @@ def test_the_callee_s_statistics_count_direct_calls(
     after = statistics(client, "double")  # counted before the caller's response left
     assert {key: after[key] - before[key] for key in after} == {**dict.fromkeys(after, 5),
                                                                  "fail": 0}  # fmt: skip
+
+
+def test_statistics_count_a_chain_of_direct_calls(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """relay calls bls_direct, which calls double three times: each callee's statistics
+    count its calls by the time relay's client has its response."""
+    before = {name: statistics(client, name) for name in ("bls_direct", "double")}
+    x = np.array([0.5, 4.0], dtype=np.float32)
+    relayed = fp32(x)
+    result = client.infer("relay", [relayed], parameters={"count": 3})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * 2)
+    after = {name: statistics(client, name) for name in ("bls_direct", "double")}
+    counted = {name: after[name]["success"] - before[name]["success"] for name in after}
+    assert counted == {"bls_direct": 1, "double": 3}
+    assert after["double"]["inferences"] - before["double"]["inferences"] == 3
 
 
 def test_a_call_the_callee_would_refuse_gets_the_server_s_error(

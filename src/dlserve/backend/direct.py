@@ -255,13 +255,13 @@ class DirectCalls:
         with self._lock:
             self._records += records
 
-    def take_records(self) -> m.DirectStats | None:
-        """The records not yet sent (a frame for the server, or for a direct caller)."""
+    def take_records(self) -> list[m.DirectRecord]:
+        """The records not yet sent (for the server, or for a direct caller)."""
         if not self._records:
-            return None
+            return []
         with self._lock:
             records, self._records = self._records, []
-        return m.DirectStats(records) if records else None
+        return records
 
     def flush(self) -> None:
         """Give lent outputs back on connections not in use; close retired ones that hold
@@ -362,10 +362,10 @@ class DirectCall:
                 self._give_up()
                 raise
             if isinstance(msg, m.InferDone):
+                if msg.direct:  # the callee's own direct calls: forwarded
+                    self.calls.add_records(msg.direct)
                 return msg, payload
-            if isinstance(msg, m.DirectStats):  # its own direct calls: forwarded
-                self.calls.add_records(msg.records)
-            elif isinstance(msg, m.DirectBye):
+            if isinstance(msg, m.DirectBye):
                 self._give_up()
                 return None
 

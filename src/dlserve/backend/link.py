@@ -82,11 +82,14 @@ class WorkerLink(FlowControl):
         """Send one frame; raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                stats = self.direct.take_records()
-                if stats is None:
+                records = self.direct.take_records()
+                if not records:
                     self._channel.send(message, payload)
-                else:  # direct calls' statistics first: counted before this reply is
-                    self._channel.send_many([(stats, ()), (message, payload)])
+                elif isinstance(message, m.InferDone):  # counted as this reply is handled
+                    message.direct = records
+                    self._channel.send(message, payload)
+                else:  # direct calls' statistics first: counted before this frame is
+                    self._channel.send_many([(m.DirectStats(records), ()), (message, payload)])
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
@@ -98,13 +101,26 @@ class WorkerLink(FlowControl):
         once for them); raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                stats = self.direct.take_records()
-                self._channel.send_many(frames if stats is None else [(stats, ()), *frames])
+                self._channel.send_many(self._with_records(frames))
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
         self.direct.flush()
+
+    def _with_records(
+        self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]
+    ) -> Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]:
+        """``frames`` with the direct calls' records not yet sent: in the first reply
+        (counted as it is handled), else in a DirectStats frame ahead of them."""
+        records = self.direct.take_records()
+        if not records:
+            return frames
+        for message, _ in frames:
+            if isinstance(message, m.InferDone):
+                message.direct = records
+                return frames
+        return [(m.DirectStats(records), ()), *frames]
 
     def _send_pending(self) -> None:
         """What waits to ride along with a frame: peer releases, BLS call stops."""

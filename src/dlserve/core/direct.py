@@ -6,7 +6,8 @@ instead call a plain callee's instances itself: it asks once per model (``Direct
 and the server answers with the callee's tensors and instances and hands each instance
 one end of a new socketpair and the caller the other (descriptors beside the frames).
 From then on the server only hears of those calls afterwards, for the callee's
-statistics (``DirectStats``), and when the callee maps a client's region for one
+statistics (records in the caller's next ``InferDone``, or a ``DirectStats`` frame
+ahead of another reply), and when the callee maps a client's region for one
 (``DirectMapped``: it is told to unmap it when the region goes).
 
 Only plain callees are called directly: no dynamic or sequence batching (the server's
@@ -19,6 +20,7 @@ on its connections, and calls it had not run go through the server.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import socket
 import weakref
@@ -73,7 +75,10 @@ class DirectLinks:
         if isinstance(msg, m.DirectOpen):
             self._open(worker, msg)
         elif isinstance(msg, m.DirectStats):
-            self._record(msg.records)
+            # after what this loop turn has woken (the reply that carried them, on the
+            # critical path), still before it reads anything more: a client that has its
+            # response and asks for statistics then is answered after they are counted
+            asyncio.get_running_loop().call_soon(self._record, msg.records)
         else:
             self._bind(worker, msg.regions)
 

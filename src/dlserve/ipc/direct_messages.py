@@ -7,9 +7,10 @@ new socketpair (:class:`DirectAccept`) and the caller the other ends; the descri
 travel beside the frame, on the worker's descriptor socket. From then on a call is an
 ``Infer`` frame from the caller to the callee and an ``InferDone`` back, over that socket;
 ``Release`` frames give lent outputs back the same way. The callee's timings come back in
-its ``InferDone``; the caller forwards them to the server (:class:`DirectStats`) ahead of
-its own reply, so the callee's statistics count every call by the time the caller's
-client has its response.
+its ``InferDone``; the caller forwards them to the server as records in its own reply's
+``InferDone`` (or a :class:`DirectStats` frame ahead of a reply of another kind). The
+server counts them right after it has handled that reply, before it reads anything else,
+so the callee's statistics count every call by the time the caller's client can ask.
 """
 
 from __future__ import annotations

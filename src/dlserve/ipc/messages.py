@@ -219,6 +219,10 @@ class InferDone(_Msg, tag=103):
     parameters: dict[str, ParamValue] = {}
     # the model rescheduled the request (iterative sequences): no response yet, run it again
     rescheduled: bool = False
+    # direct BLS calls this worker finished before this reply, for the callees' statistics
+    # (they ride here rather than in a DirectStats frame of their own: one frame to read,
+    # and counted by the time this reply's response can be seen)
+    direct: list[DirectRecord] = []
 
 
 class StreamResponse(_Msg, tag=104):

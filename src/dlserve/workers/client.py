@@ -172,6 +172,8 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                     for offset in pending.arena_offsets:
                         self.input_arena.free(offset)
                 pending.callback((msg, payload))
+            if msg.direct and self.calls is not None:
+                self.calls.on_direct(self, m.DirectStats(msg.direct))
         elif isinstance(msg, m.StreamResponse):
             self._on_stream_response(msg, payload)
         elif isinstance(msg, m.MetricFamilyDef | m.MetricOp | m.MetricValueCall):

@@ -25,9 +25,9 @@ def serve_direct(
         conn.given_back(msg.offsets, msg.gpu)
     elif isinstance(msg, m.Infer):
         conn.given_back(msg.release)  # the runner frees them
-        frames = _answer(runner, worker, conn, msg, payload)
+        done, buffers = _answer(runner, worker, conn, msg, payload)
         try:
-            conn.channel.send_many(frames)
+            conn.channel.send(done, buffers)
         except OSError:  # the caller is gone: what it was lent goes back
             worker.served.lost(conn, runner.release)
         _tell_mapped(worker, msg)
@@ -35,7 +35,7 @@ def serve_direct(
 
 def _answer(
     runner: ModelRunner, worker: WorkerLink, conn: Served, msg: m.Infer, payload: memoryview
-) -> list[tuple[m._Msg, Sequence[bytes | memoryview]]]:
+) -> tuple[m.InferDone, Sequence[bytes | memoryview]]:
     reply = runner.infer(msg, payload)
     if reply is None:  # decoupled: the server never offers such a model for direct calls
         done = m.InferDone(msg.rid, error="a decoupled model was called directly",
@@ -43,12 +43,8 @@ def _answer(
         reply = done, []
     done, buffers = reply
     done.outputs = [worker.served.lent_ref(conn, ref) for ref in done.outputs]
-    frames: list[tuple[m._Msg, Sequence[bytes | memoryview]]] = []
-    stats = worker.direct.take_records()  # its own direct calls: the caller forwards them
-    if stats is not None:
-        frames.append((stats, ()))
-    frames.append((done, buffers))
-    return frames
+    done.direct = worker.direct.take_records()  # its own direct calls: the caller forwards
+    return done, buffers
 
 
 def _tell_mapped(worker: WorkerLink, msg: m.Infer) -> None:
