@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from dlserve.backend.errors import TritonModelException
@@ -26,17 +27,21 @@ from dlserve.tensors import cuda_ipc, dlpack
 
 
 class CudaIpc(Protocol):
-    def export(self, ptr: int, device: int) -> tuple[bytes, int]:
+    def export(self, ptr: int, device: int, synchronized: bool = False) -> tuple[bytes, int]:
         """The IPC handle of the allocation holding ``ptr``, and ``ptr``'s offset in it.
-        Waits for the work queued on the device (the receiver reads from another process)."""
+        Waits for the work queued on the device (the receiver reads from another process)
+        unless the caller has just waited for all of it (``synchronized``)."""
 
     def open(self, handle: bytes, device: int) -> int:
         """The base address of an exported allocation in this process (opened once)."""
 
-    def find(self, ptr: int) -> tuple[bytes, int, int] | None:
+    def find(
+        self, ptr: int, settled: AbstractSet[int] = frozenset()
+    ) -> tuple[bytes, int, int] | None:
         """(handle, device, offset) when ``ptr`` lies in an allocation opened here: a
         tensor received by handle is passed on by the same handle. Waits for the work
-        queued on the device, as ``export`` does."""
+        queued on the device, as ``export`` does, unless it is one of ``settled`` (the
+        caller has just waited for all of their work)."""
 
     def close_all(self) -> None: ...
 
@@ -101,9 +106,9 @@ class _Ipc:
         self._exported: dict[bytes, int] = {}  # handle -> base, of this process's allocations
         self._lock = threading.Lock()
 
-    def export(self, ptr: int, device: int) -> tuple[bytes, int]:
+    def export(self, ptr: int, device: int, synchronized: bool = False) -> tuple[bytes, int]:
         try:
-            handle, offset, base = cuda_ipc.export_handle(ptr, device)
+            handle, offset, base = cuda_ipc.export_handle(ptr, device, synchronized)
         except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
             raise TritonModelException(f"passing a GPU tensor to another model: {exc}") from None
         with self._lock:
@@ -126,13 +131,15 @@ class _Ipc:
             self._opened[handle] = (base, size, device)
             return base
 
-    def find(self, ptr: int) -> tuple[bytes, int, int] | None:
+    def find(
+        self, ptr: int, settled: AbstractSet[int] = frozenset()
+    ) -> tuple[bytes, int, int] | None:
         with self._lock:
             found = next(
                 ((h, d, ptr - b) for h, (b, s, d) in self._opened.items() if b <= ptr < b + s),
                 None,
             )
-        if found is not None:
+        if found is not None and found[1] not in settled:
             try:
                 cuda_ipc.synchronize(found[1])
             except cuda_ipc.CudaError as exc:

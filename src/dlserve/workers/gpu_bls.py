@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Final
 
 from dlserve import backend as pb_utils
@@ -27,12 +28,13 @@ def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
     return pb_utils.Tensor._wrap_gpu(ref.name, info, None)
 
 
-def settle_borrowed(items: Iterable[m.Infer | m.BatchItem]) -> None:
+def settle_borrowed(items: Iterable[m.Infer | m.BatchItem]) -> set[int]:
     """After ``execute``, before the answer: the model's GPU work is done on the devices of
     its inputs that are not this worker's memory (a client's CUDA region, a BLS caller's
     tensor), on any stream. Their owner may read, reuse or free them once it has the
     answer, and a model that writes into such an input and answers from the host has not
-    waited for that work. Raises TritonModelException on a CUDA error."""
+    waited for that work. Returns the devices waited for (an output lent on one of them
+    need not be waited for again). Raises TritonModelException on a CUDA error."""
     devices = {ref.device for item in items for ref in item.inputs if ref.where in _BORROWED}
     for device in devices:
         try:
@@ -41,6 +43,7 @@ def settle_borrowed(items: Iterable[m.Infer | m.BatchItem]) -> None:
             raise pb_utils.TritonModelException(
                 f"waiting for the model's GPU work on its inputs: {exc}"
             ) from None
+    return devices
 
 
 _BORROWED: Final = (m.Where.CUDA_REGION, m.Where.CUDA_IPC)
@@ -54,19 +57,23 @@ class GpuLender:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def lend(self, tensor: pb_utils.Tensor, regions: ClientRegions) -> m.TensorRef | None:
+    def lend(
+        self, tensor: pb_utils.Tensor, regions: ClientRegions, settled: AbstractSet[int]
+    ) -> m.TensorRef | None:
         """A CUDA_IPC ref for a GPU output; None when it lies in a client's CUDA region (IPC
-        memory cannot be exported again: it goes the usual way, one copy)."""
+        memory cannot be exported again: it goes the usual way, one copy). ``settled``:
+        devices waited for since ``execute`` returned (:func:`settle_borrowed`)."""
         info = tensor._gpu
         assert info is not None
         nbytes = tensor.dtype.itemsize * _count(info.shape)
         if regions.locate_cuda(info.ptr, nbytes) is not None:
             return None
-        found = cuda_peers.ipc().find(info.ptr)  # itself received by handle: pass it on
+        ipc = cuda_peers.ipc()
+        found = ipc.find(info.ptr, settled)  # itself received by handle: passed on
         if found is not None:
             handle, device, offset = found
         else:
-            handle, offset = cuda_peers.ipc().export(info.ptr, info.device_id)
+            handle, offset = ipc.export(info.ptr, info.device_id, info.device_id in settled)
             device = info.device_id
         with self._lock:
             lend_id = next(self._ids)

@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from types import ModuleType
 from typing import Any
 
@@ -247,7 +248,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             responses = self._call(self.model.execute, requests)
             infer_end = time.monotonic_ns()
             checked = rescheduling.checked_responses(responses, requests)
-            gpu_bls.settle_borrowed([items[index] for index in running])
+            settled = gpu_bls.settle_borrowed([items[index] for index in running])
         except BaseException as exc:  # the model's failure is every request's failure
             with contextlib.suppress(pb_utils.TritonModelException):  # its GPU work too
                 gpu_bls.settle_borrowed([items[index] for index in running])
@@ -264,7 +265,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 error = response.error()
                 if error is not None:
                     raise error
-                replies[index] = self._reply(item, response)
+                replies[index] = self._reply(item, response, settled)
             except BaseException as exc:
                 replies[index] = self._error_reply(item.rid, exc), []
         timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
@@ -290,16 +291,18 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         return request
 
     def _reply(
-        self, msg: Item, response: pb_utils.InferenceResponse
+        self, msg: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int]
     ) -> tuple[m.InferDone, list[memoryview]]:
-        refs, buffers, params = self.encode_outputs(msg, response)
+        refs, buffers, params = self.encode_outputs(msg, response, settled)
         return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
 
     def encode_outputs(
-        self, msg: Item, response: pb_utils.InferenceResponse
-    ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:
+        self, msg: Item, response: pb_utils.InferenceResponse,
+        settled: AbstractSet[int] = frozenset(),
+    ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:  # fmt: skip
         """A response's outputs as refs (inline, output arena or client region), the inline
-        buffers, and its parameters."""
+        buffers, and its parameters. ``settled``: the devices whose work was waited for
+        since ``execute`` returned (GPU outputs lent on them are not waited for again)."""
         wanted = set(msg.outputs) if msg.outputs else None
         targets = {t.name: t for t in msg.output_regions} if msg.output_regions else None
         refs: list[m.TensorRef] = []
@@ -311,7 +314,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             target = targets.get(tensor.name()) if targets else None
             lent = None
             if msg.lend and not tensor.is_cpu() and target is None:  # GPU, to a BLS caller
-                lent = self.gpu_lender.lend(tensor, self.regions)
+                lent = self.gpu_lender.lend(tensor, self.regions, settled)
             if lent is not None:
                 refs.append(lent)
                 continue
