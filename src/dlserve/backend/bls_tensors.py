@@ -172,7 +172,10 @@ class _Lent:
         self.give_back, self.region, self.lend, self.device = give_back, region, lend, device
 
     def __del__(self) -> None:
-        cuda_peers.given_back(self.give_back, self.region, self.lend, self.device)
+        try:
+            cuda_peers.given_back(self.give_back, self.region, self.lend, self.device)
+        except (AttributeError, TypeError):  # the interpreter's teardown: modules are gone,
+            pass  # and the connection goes with the process
 
 
 def triton_code(code: str) -> int:
