@@ -82,14 +82,11 @@ class WorkerLink(FlowControl):
         """Send one frame; raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                records = self.direct.take_records()
-                if not records:
+                frames = self._with_records(((message, payload),))
+                if len(frames) == 1:
                     self._channel.send(message, payload)
-                elif isinstance(message, m.InferDone):  # counted as this reply is handled
-                    message.direct = records
-                    self._channel.send(message, payload)
-                else:  # direct calls' statistics first: counted before this frame is
-                    self._channel.send_many([(m.DirectStats(records), ()), (message, payload)])
+                else:
+                    self._channel.send_many(frames)
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
@@ -112,7 +109,8 @@ class WorkerLink(FlowControl):
         self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]
     ) -> Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]:
         """``frames`` with the direct calls' records not yet sent: in the first reply
-        (counted as it is handled), else in a DirectStats frame ahead of them."""
+        (counted as it is handled), else in a DirectStats frame ahead of them (counted
+        before they are)."""
         records = self.direct.take_records()
         if not records:
             return frames
