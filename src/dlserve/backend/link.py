@@ -82,11 +82,11 @@ class WorkerLink(FlowControl):
         """Send one frame; raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                frames = self._with_records(((message, payload),))
-                if len(frames) == 1:
+                records = self.direct.take_records()
+                if not records:  # the usual: one frame as it is
                     self._channel.send(message, payload)
                 else:
-                    self._channel.send_many(frames)
+                    self._channel.send_many(_with_records([(message, payload)], records))
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
@@ -98,27 +98,13 @@ class WorkerLink(FlowControl):
         once for them); raises ChannelClosed when the server has gone away."""
         with self._send_lock:
             try:
-                self._channel.send_many(self._with_records(frames))
+                records = self.direct.take_records()
+                self._channel.send_many(_with_records(frames, records) if records else frames)
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
         self.direct.flush()
-
-    def _with_records(
-        self, frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]
-    ) -> Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]:
-        """``frames`` with the direct calls' records not yet sent: in the first reply
-        (counted as it is handled), else in a DirectStats frame ahead of them (counted
-        before they are)."""
-        records = self.direct.take_records()
-        if not records:
-            return frames
-        for message, _ in frames:
-            if isinstance(message, m.InferDone):
-                message.direct = records
-                return frames
-        return [(m.DirectStats(records), ()), *frames]
 
     def _send_pending(self) -> None:
         """What waits to ride along with a frame: peer releases, BLS call stops."""
@@ -392,6 +378,18 @@ class WorkerLink(FlowControl):
 _ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply, m.DirectTargets)  # no union
 _DIRECT: Final = (m.DirectTargets, m.DirectAccept, m.DirectStale)
 _ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit, *_DIRECT)  # what the serve loop's reader routes
+
+
+def _with_records(
+    frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]], records: list[m.DirectRecord]
+) -> Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]:
+    """``frames`` carrying direct calls' records: in the first reply (counted as it is
+    handled), else in a DirectStats frame ahead of them (counted before they are)."""
+    for message, _ in frames:
+        if isinstance(message, m.InferDone):
+            message.direct = records
+            return frames
+    return [(m.DirectStats(records), ()), *frames]
 
 
 def _is_answer(msg: m.ServerToWorker) -> bool:
