@@ -29,6 +29,7 @@ def server(
     repository = tmp_path_factory.mktemp("bls_gpu_repo")
     for name in ("bls_gpu_ops", "bls_gpu"):
         shutil.copytree(TEST_MODELS / name, repository / name)
+    shutil.copytree(TEST_MODELS / "bls_gpu_ops", repository / "bls_gpu_ops_b")  # 2nd process
     direct = "true" if request.param == "direct" else "false"
     with run_server(repository, "--bls-direct", direct) as running:
         yield running
@@ -72,6 +73,27 @@ def test_gpu_answer_waits_for_the_callees_work_on_its_input(server: RunningServe
     for _ in range(2):  # a process's first kernel launch loads the module and waits
         got = infer(server, "in_place_late", x).as_numpy("OUTPUT0")
         np.testing.assert_array_equal(got, x + 1)
+
+
+def test_gpu_output_passed_on_before_its_work_is_done(server: RunningServer) -> None:
+    """The first callee answers with a GPU tensor whose kernel is queued behind a long GPU
+    sleep; the caller passes it at once to a callee in another process. Its reader must
+    come after that work (direct calls send fences instead of waiting), or it reads
+    garbage."""
+    x = np.linspace(-1, 1, 100_000, dtype=np.float32)
+    for _ in range(2):
+        got = infer(server, "late_pipeline", x).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(got, x * 2 + 1)
+
+
+def test_gpu_output_read_on_a_stream_of_the_callers(server: RunningServer) -> None:
+    """The callee's late GPU output is read on a torch stream of the caller's own (a
+    non-blocking one): DLPack's ``__dlpack__(stream)`` must order that stream after the
+    callee's work."""
+    x = np.linspace(-1, 1, 100_000, dtype=np.float32)
+    for _ in range(2):
+        got = infer(server, "late_side_stream", x).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(got, x * 2)
 
 
 def test_gpu_zero_copy_from_a_client_cuda_region(server: RunningServer) -> None:

@@ -15,10 +15,10 @@ import json
 from typing import TYPE_CHECKING
 
 from dlserve import errors
-from dlserve.backend import link
+from dlserve.backend import cuda_peers, link
 from dlserve.backend.bls_tensors import encode_inputs, lent_count, response, triton_code
 from dlserve.backend.direct import CallSpec, DirectCall
-from dlserve.backend.errors import TritonError
+from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 
@@ -61,8 +61,10 @@ def start_direct(request: InferenceRequest) -> Started | InferenceResponse | Non
     conn = target.take(_device(request.inputs()))
     if conn is None:
         return None  # every instance is busy with this worker's calls: the server queues it
+    devices: set[int] = set()  # of GPU inputs: fenced, not waited for
     try:
-        refs, payload = encode_inputs(request.inputs(), worker.memory)
+        refs, payload = encode_inputs(request.inputs(), worker.memory, devices)
+        fences = cuda_peers.fences(devices) if devices else []
     except BaseException:
         conn.busy.release()
         raise
@@ -71,7 +73,7 @@ def start_direct(request: InferenceRequest) -> Started | InferenceResponse | Non
     spec = CallSpec(request.request_id(), request.requested_output_names(),
                     json.loads(params) if params != "{}" else {}, chain)  # fmt: skip
     try:
-        call = worker.direct.start(target, conn, spec, refs, payload)
+        call = worker.direct.start(target, conn, spec, refs, payload, fences)
     except errors.DlserveError as exc:  # the callee's checks
         _unstage(worker, staged)
         return _error_response(exc)
@@ -94,8 +96,11 @@ class Started:
     def finish(self) -> InferenceResponse | None:
         """Wait for the answer: the response, or None when the instance did not run the
         call (it was stopping: send it through the server)."""
+        failed = None
         try:
             answer = self.call.wait()
+            if answer is not None and answer[0].fences:
+                failed = _follow(answer[0].fences)  # before the inputs may go
         except errors.DlserveError as exc:
             return _error_response(exc)
         finally:
@@ -105,9 +110,23 @@ class Started:
             return None
         done, payload = answer
         try:
-            return response(self.worker, done, payload, self.call.conn.give_back)
+            answered = response(self.worker, done, payload, self.call.conn.give_back)
+            if failed is not None:  # its lent outputs go back as ``answered`` goes
+                return _failed_response(failed, TritonError.INTERNAL)
+            return answered
         finally:
             self.call.done(done, lent_count(done))
+
+
+def _follow(fences: list[m.Fence]) -> str | None:
+    """The callee's GPU work was not waited for: this worker's next work on the GPU (its
+    inputs' memory reused, the outputs read) is queued after it, so the outputs are ready
+    on the legacy stream. The error's message when that cannot be done."""
+    try:
+        cuda_peers.wait_fences(fences, on_cpu=False)
+    except TritonModelException as exc:
+        return str(exc)
+    return None
 
 
 def _unstage(worker: link.WorkerLink, staged: list[int]) -> None:
@@ -117,6 +136,10 @@ def _unstage(worker: link.WorkerLink, staged: list[int]) -> None:
 
 
 def _error_response(exc: errors.DlserveError) -> InferenceResponse:
+    return _failed_response(exc.message, triton_code(exc.code.value))
+
+
+def _failed_response(message: str, code: int) -> InferenceResponse:
     from dlserve.backend.request import InferenceResponse
 
-    return InferenceResponse(error=TritonError(exc.message, triton_code(exc.code.value)))
+    return InferenceResponse(error=TritonError(message, code))

@@ -49,16 +49,18 @@ class BlsMemory(Protocol):
 
 
 def encode_inputs(
-    tensors: list[Tensor], memory: BlsMemory | None
+    tensors: list[Tensor], memory: BlsMemory | None, fenced: set[int] | None = None
 ) -> tuple[list[m.TensorRef], list[memoryview]]:
     """Refs to the inputs' bytes: where they are when the callee can map them, else copied
-    once into shared memory (large) or into the call's frame (small)."""
+    once into shared memory (large) or into the call's frame (small). GPU inputs are waited
+    for (the callee reads them next) unless ``fenced`` is given: their devices are added to
+    it, for the caller to send fences over instead."""
     refs: list[m.TensorRef] = []
     payload: list[memoryview] = []
     offset = 0
     for tensor in tensors:
         if tensor._gpu is not None:  # by CUDA IPC handle (GPU-BLS, see cuda_peers)
-            refs.append(_gpu_ref(tensor, memory))
+            refs.append(_gpu_ref(tensor, memory, fenced))
             continue
         array = tensor.storage
         dtype = tensor.dtype
@@ -86,24 +88,31 @@ def encode_inputs(
     return refs, payload
 
 
-def _gpu_ref(tensor: Tensor, memory: BlsMemory | None) -> m.TensorRef:
+def _gpu_ref(tensor: Tensor, memory: BlsMemory | None, fenced: set[int] | None) -> m.TensorRef:
     """A GPU input travels as its allocation's IPC handle; the caller's request keeps the
     memory alive until the reply (the callee opens each handle once). In a client's CUDA
-    region, it travels as that region's handle."""
+    region, it travels as that region's handle. Its device's work is waited for, or added
+    to ``fenced``."""
     info = tensor._gpu
     assert info is not None
     nbytes = tensor.dtype.itemsize * math.prod(info.shape)  # ints: exact, and no array made
     in_region = memory.locate_gpu(info.ptr, nbytes) if memory is not None else None
     if in_region is not None:
-        cuda_peers.synchronize(info.device_id)
+        if fenced is None:
+            cuda_peers.synchronize(info.device_id)
+        else:
+            fenced.add(info.device_id)
         return _named(in_region, tensor.name(), tensor.dtype.wire, list(info.shape))
     ipc = cuda_peers.ipc()
-    found = ipc.find(info.ptr)  # received by handle itself: passed on by the same handle
+    unwaited = cuda_peers.EVERY_DEVICE if fenced is not None else frozenset()
+    found = ipc.find(info.ptr, unwaited)  # received by handle: passed on by the same handle
     if found is not None:
         handle, device, offset = found
     else:
-        handle, offset = ipc.export(info.ptr, info.device_id)
+        handle, offset = ipc.export(info.ptr, info.device_id, fenced is not None)
         device = info.device_id
+    if fenced is not None:
+        fenced.add(device)
     return m.TensorRef(tensor.name(), tensor.dtype.wire, list(info.shape), m.Where.CUDA_IPC,
                        offset, nbytes, handle=handle, device=device)  # fmt: skip
 
@@ -123,21 +132,26 @@ def response(
     if reply.error_code:
         return InferenceResponse(error=TritonError(reply.error, triton_code(reply.error_code)))
     back = worker.release_peer if give_back is None else give_back
-    tensors = [_output_tensor(worker, ref, payload, back) for ref in reply.outputs]
+    fenced = isinstance(reply, m.InferDone) and bool(reply.fences)  # waited for on the GPU
+    tensors = [_output_tensor(worker, ref, payload, back, fenced) for ref in reply.outputs]
     return InferenceResponse(tensors, parameters=reply.parameters or None)
 
 
 def _output_tensor(
-    worker: link.WorkerLink, ref: m.TensorRef, payload: memoryview, give_back: GiveBack
-) -> Tensor:
+    worker: link.WorkerLink, ref: m.TensorRef, payload: memoryview, give_back: GiveBack,
+    fenced: bool = False,
+) -> Tensor:  # fmt: skip
     """An output as a view: of the callee's output arena (mapped here; its space goes back
-    when the array and every view of it are gone), or of the reply's own frame."""
+    when the array and every view of it are gone), or of the reply's own frame. A GPU
+    output of a ``fenced`` reply is ready on the legacy stream, not yet on the others."""
     dtype = dtypes.BY_WIRE[ref.datatype]
     if ref.where == m.Where.CUDA_IPC:  # a GPU output, lent until this Tensor is gone
         base = cuda_peers.ipc().open(ref.handle, ref.device)
         info = cuda_peers.gpu_info(base + ref.offset, ref.shape, dtype, ref.device)
         keepalive = _Lent(give_back, ref.region, ref.lend, ref.device)
-        return Tensor._wrap_gpu(ref.name, info, keepalive)
+        tensor = Tensor._wrap_gpu(ref.name, info, keepalive)
+        tensor._on_legacy_stream = fenced
+        return tensor
     lent = ref.where == m.Where.PEER_ARENA and worker.memory is not None
     if lent:
         assert worker.memory is not None

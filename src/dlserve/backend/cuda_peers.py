@@ -17,12 +17,14 @@ gives an output back only once its own queued work is done (:func:`settle`).
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from dlserve.backend.errors import TritonModelException
+from dlserve.ipc import messages as m
 from dlserve.tensors import cuda_ipc, dlpack
 
 
@@ -88,6 +90,95 @@ def settle() -> None:
             cuda_ipc.synchronize_device(device)
         except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable):
             pass  # the context is broken: no work of ours runs on it any more
+
+
+# -- fences: direct calls order GPU work between workers by interprocess events ------------
+#
+# A worker that hands GPU memory to another (a caller's inputs, a callee's lent outputs and
+# the caller's inputs it wrote into) marks the work it queued on the legacy stream with its
+# own interprocess event, one per device, recorded again for each fence, instead of waiting
+# for that work before it sends. The receiver orders its reads after the mark: the callee
+# waits on the CPU before ``execute`` (its model sees inputs that are ready, as always), the
+# caller queues the wait on its legacy stream (its lent outputs are ready there, as a DLPack
+# producer's tensors are) and its own later waits (a synchronize, a give-back's settle, the
+# copy into a client's region) come after it. A record made later than the one a fence was
+# sent for only marks more work, so one event per device is enough.
+
+
+class _EveryDevice(frozenset[int]):
+    """Stands for every device in a ``settled`` set: nothing is waited for (fences go)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+EVERY_DEVICE: AbstractSet[int] = _EveryDevice()
+
+_own_events: dict[int, tuple[Any, bytes]] = {}  # device -> (event, handle): this process's
+_opened_events: dict[bytes, Any] = {}  # other processes' events, by handle, opened once
+_events_lock = threading.Lock()
+_no_events = False  # interprocess events cannot be made here: senders wait instead
+
+
+def fences(devices: Iterable[int]) -> list[m.Fence]:
+    """Fences over the work this process queued on ``devices`` so far, for a receiver to
+    wait on; where interprocess events cannot be made (said once on stderr), the work is
+    waited for here instead and no fence is returned for it."""
+    marks: list[m.Fence] = []
+    for device in devices:
+        own = _own_event(device)
+        try:
+            if own is None:
+                cuda_ipc.synchronize_device(device)
+                continue
+            cuda_ipc.record_event(own[0], device)
+        except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable) as exc:
+            raise TritonModelException(f"passing GPU tensors to another model: {exc}") from None
+        marks.append(m.Fence(device, own[1]))
+    return marks
+
+
+def _own_event(device: int) -> tuple[Any, bytes] | None:
+    global _no_events
+    found = _own_events.get(device)
+    if found is not None or _no_events:
+        return found
+    with _events_lock:
+        if device not in _own_events and not _no_events:
+            try:
+                _own_events[device] = cuda_ipc.create_ipc_event(device)
+            except cuda_ipc.CudaError as exc:
+                _no_events = True
+                sys.stderr.write(
+                    f"dlserve worker: CUDA interprocess events are not available ({exc}); "
+                    "GPU tensors passed to other models are waited for before they are sent\n"
+                )
+        return _own_events.get(device)
+
+
+def wait_fences(marks: list[m.Fence], on_cpu: bool) -> None:
+    """Order what this process does next after another's fences: wait for them here
+    (``on_cpu``), or queue the wait on each device's legacy stream."""
+    try:
+        for mark in marks:
+            event = _opened_events.get(mark.handle)
+            if event is None:
+                event = _open_event(mark)
+            if on_cpu:
+                cuda_ipc.synchronize_event(event)
+            else:
+                cuda_ipc.stream_wait_event(event, mark.device)
+    except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable, ValueError) as exc:
+        raise TritonModelException(f"waiting for another model's GPU work: {exc}") from None
+
+
+def _open_event(mark: m.Fence) -> Any:
+    with _events_lock:
+        event = _opened_events.get(mark.handle)
+        if event is None:
+            event = cuda_ipc.open_ipc_event(mark.handle, mark.device)
+            _opened_events[mark.handle] = event
+        return event
 
 
 def gpu_info(ptr: int, shape: list[int], dtype: Any, device: int) -> dlpack.DLTensorInfo:

@@ -298,11 +298,12 @@ class DirectCalls:
     # -- a call ---------------------------------------------------------------------------
     def start(
         self, target: Target, conn: Connection, call: CallSpec, refs: list[m.TensorRef],
-        payload: list[memoryview],
+        payload: list[memoryview], fences: list[m.Fence],
     ) -> DirectCall | None:  # fmt: skip
-        """Check the call as the server would (raises DlserveError) and send it; None when
-        the instance is gone (the call goes through the server). Either way ``conn`` is
-        let go unless a DirectCall is returned."""
+        """Check the call as the server would (raises DlserveError) and send it, with the
+        fences over its GPU inputs (the callee answers with its own: the call is
+        ``fenced``); None when the instance is gone (the call goes through the server).
+        Either way ``conn`` is let go unless a DirectCall is returned."""
         refs = [self._by_reference(ref) for ref in refs]
         try:
             batch = target.check(call, refs, payload)
@@ -313,7 +314,8 @@ class DirectCalls:
                                        rejected=True))  # fmt: skip
             raise
         infer = m.Infer(-self._link.next_call_id(), call.request_id, refs, call.outputs,
-                        call.parameters, chain=call.chain, lend=True)  # fmt: skip
+                        call.parameters, chain=call.chain, lend=True, fences=fences,
+                        fenced=True)  # fmt: skip
         frames: list[tuple[m._Msg, Sequence[bytes | memoryview]]] = [(infer, payload)]
         release = conn.release_frame()
         if release is not None:

@@ -21,7 +21,7 @@ from dlserve.ipc.direct_messages import (
     DirectStats,
     DirectTargets,
 )
-from dlserve.ipc.structs import ParamValue, TensorRef, Timings, Where, _Msg
+from dlserve.ipc.structs import Fence, ParamValue, TensorRef, Timings, Where, _Msg
 
 __all__ = [
     "DirectAccept",
@@ -34,6 +34,7 @@ __all__ = [
     "DirectStale",
     "DirectStats",
     "DirectTargets",
+    "Fence",
     "ParamValue",
     "TensorRef",
     "Timings",
@@ -74,6 +75,10 @@ class Infer(_Msg, tag=2):
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
+    # direct BLS calls: the caller's GPU work on its inputs, to wait for before they are
+    # read; ``fenced``: the reply may carry the callee's own fences instead of its waits
+    fences: list[Fence] = []
+    fenced: bool = False
 
 
 class Cancel(_Msg, tag=7):
@@ -223,6 +228,9 @@ class InferDone(_Msg, tag=103):
     # (they ride here rather than in a DirectStats frame of their own: one frame to read,
     # and counted by the time this reply's response can be seen)
     direct: list[DirectRecord] = []
+    # GPU work of the model's not waited for (its request was ``fenced``): the caller
+    # orders its own work on the lent outputs and its inputs after these
+    fences: list[Fence] = []
 
 
 class StreamResponse(_Msg, tag=104):

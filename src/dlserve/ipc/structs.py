@@ -40,6 +40,15 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     lend: int = 0  # CUDA_IPC output lent to a BLS caller: its id in the owner (region: owner)
 
 
+class Fence(msgspec.Struct, array_like=True, gc=False):
+    """GPU work of the sender on ``device``, marked by an interprocess CUDA event (its
+    ``cudaIpcEventHandle_t``): the receiver orders what it does with the tensors after it,
+    instead of the sender waiting for that work before it sends (direct BLS calls)."""
+
+    device: int
+    handle: bytes
+
+
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
     pass
 

@@ -329,3 +329,58 @@ def synchronize_device(device: int) -> None:
     given back to another process may be written by it next."""
     with on_device(device):
         _check("cudaDeviceSynchronize", _runtime().cudaDeviceSynchronize())
+
+
+# --- BLS: interprocess events (fences between workers) ------------------------------------
+
+EVENT_HANDLE_SIZE: Final = 64  # sizeof(cudaIpcEventHandle_t)
+
+
+def create_ipc_event(device: int) -> tuple[Any, bytes]:
+    """A new interprocess event on ``device`` (no timing, as IPC requires) and its handle,
+    which another process opens with :func:`open_ipc_event`."""
+    runtime = _runtime()
+    flags = runtime.cudaEventDisableTiming | runtime.cudaEventInterprocess
+    with on_device(device):
+        event = _check("cudaEventCreateWithFlags", runtime.cudaEventCreateWithFlags(flags))
+        try:
+            handle = _check("cudaIpcGetEventHandle", runtime.cudaIpcGetEventHandle(event))
+        except CudaError:
+            runtime.cudaEventDestroy(event)
+            raise
+    return event, ctypes.string_at(handle.getPtr(), EVENT_HANDLE_SIZE)
+
+
+def open_ipc_event(raw: bytes, device: int) -> Any:
+    """Open another process's interprocess event in ``device``'s context (~0.2-0.3 ms on an
+    H200: callers open each handle once)."""
+    if len(raw) != EVENT_HANDLE_SIZE:
+        raise ValueError(f"a cudaIpcEventHandle_t is {EVENT_HANDLE_SIZE} bytes, not {len(raw)}")
+    runtime = _runtime()
+    handle = runtime.cudaIpcEventHandle_t()
+    ctypes.memmove(handle.getPtr(), raw, EVENT_HANDLE_SIZE)
+    with on_device(device):
+        return _check("cudaIpcOpenEventHandle", runtime.cudaIpcOpenEventHandle(handle))
+
+
+def record_event(event: Any, device: int) -> None:
+    """Mark the work queued now on ``device``'s legacy stream (and so on every blocking
+    stream) with ``event``: waiting for it waits for that work."""
+    with on_device(device):
+        _check("cudaEventRecord", _runtime().cudaEventRecord(event, LEGACY_STREAM))
+
+
+def stream_wait_event(event: Any, device: int) -> None:
+    """Order the work later queued on ``device``'s legacy stream (and so on every blocking
+    stream) after ``event``'s last record; the CPU does not wait."""
+    with on_device(device):
+        _check("cudaStreamWaitEvent", _runtime().cudaStreamWaitEvent(LEGACY_STREAM, event, 0))
+
+
+def synchronize_event(event: Any) -> None:
+    """Wait on the CPU until the work ``event``'s last record marks is done."""
+    _check("cudaEventSynchronize", _runtime().cudaEventSynchronize(event))
+
+
+def destroy_event(event: Any) -> None:
+    _runtime().cudaEventDestroy(event)

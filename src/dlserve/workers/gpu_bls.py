@@ -28,14 +28,30 @@ def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
     return pb_utils.Tensor._wrap_gpu(ref.name, info, None)
 
 
-def settle_borrowed(items: Iterable[m.Infer | m.BatchItem]) -> set[int]:
+def wait_for_caller(msg: m.Infer) -> None:
+    """Before a direct call's inputs are read: the caller's GPU work on them is done (it
+    sent fences instead of waiting). Waited for on the CPU, so that the model finds its
+    inputs ready on any stream, as always; by the time the call has arrived that work is
+    usually done. Raises TritonModelException."""
+    cuda_peers.wait_fences(msg.fences, on_cpu=True)
+
+
+def is_fenced(item: m.Infer | m.BatchItem) -> bool:
+    """A direct call whose reply carries fences instead of this worker's waits."""
+    return type(item) is m.Infer and item.fenced
+
+
+def settle_borrowed(items: Iterable[m.Infer | m.BatchItem], every: bool = False) -> set[int]:
     """After ``execute``, before the answer: the model's GPU work is done on the devices of
     its inputs that are not this worker's memory (a client's CUDA region, a BLS caller's
     tensor), on any stream. Their owner may read, reuse or free them once it has the
     answer, and a model that writes into such an input and answers from the host has not
-    waited for that work. Returns the devices waited for (an output lent on one of them
-    need not be waited for again). Raises TritonModelException on a CUDA error."""
-    devices = {ref.device for item in items for ref in item.inputs if ref.where in _BORROWED}
+    waited for that work. Fenced direct calls are left out (their replies carry fences,
+    :func:`reply_fences`) unless ``every``. Returns the devices waited for (an output lent
+    on one of them need not be waited for again). Raises TritonModelException on a CUDA
+    error."""
+    devices = {ref.device for item in items if every or not is_fenced(item)
+               for ref in item.inputs if ref.where in _BORROWED}  # fmt: skip
     for device in devices:
         try:
             cuda_ipc.synchronize_device(device)
@@ -47,6 +63,18 @@ def settle_borrowed(items: Iterable[m.Infer | m.BatchItem]) -> set[int]:
 
 
 _BORROWED: Final = (m.Where.CUDA_REGION, m.Where.CUDA_IPC)
+
+
+def reply_fences(item: m.Infer, response: pb_utils.InferenceResponse) -> list[m.Fence]:
+    """A fenced direct call's reply: fences over this worker's work on the devices of the
+    call's borrowed inputs and of the response's GPU outputs, instead of waiting for it.
+    The caller orders its own work after them; what the model left on a non-blocking
+    stream of its own it must have waited for, as a DLPack producer must."""
+    devices = {ref.device for ref in item.inputs if ref.where in _BORROWED}
+    for tensor in response.output_tensors():
+        if tensor._gpu is not None:
+            devices.add(tensor._gpu.device_id)
+    return cuda_peers.fences(devices) if devices else []
 
 
 class GpuLender:

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from dlserve import backend as pb_utils
-from dlserve.backend import link
+from dlserve.backend import cuda_peers, link
 from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors.shm import Arena, ShmSegment, buffer_address
@@ -251,7 +251,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             settled = gpu_bls.settle_borrowed([items[index] for index in running])
         except BaseException as exc:  # the model's failure is every request's failure
             with contextlib.suppress(pb_utils.TritonModelException):  # its GPU work too
-                gpu_bls.settle_borrowed([items[index] for index in running])
+                gpu_bls.settle_borrowed([items[index] for index in running], every=True)
             for index in running:
                 replies[index] = self._error_reply(items[index].rid, exc), []
             return
@@ -265,8 +265,17 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 error = response.error()
                 if error is not None:
                     raise error
-                replies[index] = self._reply(item, response, settled)
+                if gpu_bls.is_fenced(item):  # a direct call: fences, not waits
+                    assert isinstance(item, m.Infer)
+                    fences = gpu_bls.reply_fences(item, response)
+                    replies[index] = reply = self._reply(item, response, cuda_peers.EVERY_DEVICE)
+                    reply[0].fences = fences
+                else:
+                    replies[index] = self._reply(item, response, settled)
             except BaseException as exc:
+                if gpu_bls.is_fenced(item):  # the caller finds its memory as it waits
+                    with contextlib.suppress(pb_utils.TritonModelException):
+                        gpu_bls.settle_borrowed([item], every=True)
                 replies[index] = self._error_reply(item.rid, exc), []
         timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
         for index in running:
@@ -275,6 +284,8 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 done[0].timings = timings
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
+        if type(msg) is m.Infer and msg.fences:
+            gpu_bls.wait_for_caller(msg)
         inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest._received(
             self.load.model_name, inputs, msg.outputs, msg.request_id, msg.parameters

@@ -6,9 +6,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
-def call(op, tensor):
+def call(op, tensor, model="bls_gpu_ops"):
     request = pb_utils.InferenceRequest(
-        model_name="bls_gpu_ops",
+        model_name=model,
         inputs=[tensor],
         requested_output_names=["OUTPUT0"],
         parameters={"op": op},
@@ -47,6 +47,17 @@ class TritonPythonModel:
             elif mode == "in_place_late":  # the callee answers before its GPU work is done
                 call("add_one_in_place_late", pb_utils.Tensor.from_dlpack("INPUT0", x))
                 result, on_gpu = x, True
+            elif mode == "late_pipeline":  # a second callee reads the first's late output
+                doubled = call("double_late", pb_utils.Tensor.from_dlpack("INPUT0", x))
+                renamed = pb_utils.Tensor.from_dlpack("INPUT0", doubled)
+                result, on_gpu = torch.from_dlpack(call("add_one", renamed, "bls_gpu_ops_b")), True
+            elif mode == "late_side_stream":  # the late output read on a stream of our own
+                doubled = call("double_late", pb_utils.Tensor.from_dlpack("INPUT0", x))
+                stream = torch.cuda.Stream()
+                with torch.cuda.stream(stream):
+                    result = torch.from_dlpack(doubled) + 0
+                stream.synchronize()
+                on_gpu = True
             elif mode == "give_back":
                 host = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
                 result, on_gpu = give_back_then_call(x, host * 100, torch), True

@@ -31,6 +31,10 @@ class TritonPythonModel:
                     )
                 )
                 continue
+            elif op == "double_late":  # behind a GPU sleep; answers with a GPU tensor
+                for _ in range(200):
+                    torch.cuda._sleep(2_000_000)
+                result = x * 2
             else:
                 result = x * 2 if op == "double" else x + 1
             output = pb_utils.Tensor.from_dlpack("OUTPUT0", result)
