@@ -79,9 +79,10 @@ def test_gpu_output_passed_on_before_its_work_is_done(server: RunningServer) -> 
     """The first callee answers with a GPU tensor whose kernel is queued behind a long GPU
     sleep; the caller passes it at once to a callee in another process. Its reader must
     come after that work (direct calls send fences instead of waiting), or it reads
-    garbage."""
-    x = np.linspace(-1, 1, 100_000, dtype=np.float32)
-    for _ in range(2):
+    what the memory held before. Each round's input differs: from the second round on the
+    callee's output memory (and the handles to it) is the previous round's."""
+    for round_ in range(3):
+        x = np.linspace(-1, 1, 100_000, dtype=np.float32) + round_
         got = infer(server, "late_pipeline", x).as_numpy("OUTPUT0")
         np.testing.assert_allclose(got, x * 2 + 1)
 
@@ -89,9 +90,9 @@ def test_gpu_output_passed_on_before_its_work_is_done(server: RunningServer) -> 
 def test_gpu_output_read_on_a_stream_of_the_callers(server: RunningServer) -> None:
     """The callee's late GPU output is read on a torch stream of the caller's own (a
     non-blocking one): DLPack's ``__dlpack__(stream)`` must order that stream after the
-    callee's work."""
-    x = np.linspace(-1, 1, 100_000, dtype=np.float32)
-    for _ in range(2):
+    callee's work. Each round's input differs, as above."""
+    for round_ in range(3):
+        x = np.linspace(-1, 1, 100_000, dtype=np.float32) + round_
         got = infer(server, "late_side_stream", x).as_numpy("OUTPUT0")
         np.testing.assert_allclose(got, x * 2)
 
