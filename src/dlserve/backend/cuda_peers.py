@@ -126,8 +126,8 @@ def fences(devices: Iterable[int]) -> list[m.Fence]:
     waited for here instead and no fence is returned for it."""
     marks: list[m.Fence] = []
     for device in devices:
-        own = _own_event(device)
         try:
+            own = _own_event(device)
             if own is None:
                 cuda_ipc.synchronize_device(device)
                 continue
