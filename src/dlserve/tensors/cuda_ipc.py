@@ -380,7 +380,3 @@ def stream_wait_event(event: Any, device: int) -> None:
 def synchronize_event(event: Any) -> None:
     """Wait on the CPU until the work ``event``'s last record marks is done."""
     _check("cudaEventSynchronize", _runtime().cudaEventSynchronize(event))
-
-
-def destroy_event(event: Any) -> None:
-    _runtime().cudaEventDestroy(event)

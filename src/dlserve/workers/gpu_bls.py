@@ -28,14 +28,6 @@ def input_tensor(ref: m.TensorRef) -> pb_utils.Tensor:
     return pb_utils.Tensor._wrap_gpu(ref.name, info, None)
 
 
-def wait_for_caller(msg: m.Infer) -> None:
-    """Before a direct call's inputs are read: the caller's GPU work on them is done (it
-    sent fences instead of waiting). Waited for on the CPU, so that the model finds its
-    inputs ready on any stream, as always; by the time the call has arrived that work is
-    usually done. Raises TritonModelException."""
-    cuda_peers.wait_fences(msg.fences, on_cpu=True)
-
-
 def is_fenced(item: m.Infer | m.BatchItem) -> bool:
     """A direct call whose reply carries fences instead of this worker's waits."""
     return type(item) is m.Infer and item.fenced
@@ -65,7 +57,9 @@ def settle_borrowed(items: Iterable[m.Infer | m.BatchItem], every: bool = False)
 _BORROWED: Final = (m.Where.CUDA_REGION, m.Where.CUDA_IPC)
 
 
-def reply_fences(item: m.Infer, response: pb_utils.InferenceResponse) -> list[m.Fence]:
+def reply_fences(
+    item: m.Infer | m.BatchItem, response: pb_utils.InferenceResponse
+) -> list[m.Fence]:
     """A fenced direct call's reply: fences over this worker's work on the devices of the
     call's borrowed inputs and of the response's GPU outputs, instead of waiting for it.
     The caller orders its own work after them; what the model left on a non-blocking

@@ -266,7 +266,6 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 if error is not None:
                     raise error
                 if gpu_bls.is_fenced(item):  # a direct call: fences, not waits
-                    assert isinstance(item, m.Infer)
                     fences = gpu_bls.reply_fences(item, response)
                     replies[index] = reply = self._reply(item, response, cuda_peers.EVERY_DEVICE)
                     reply[0].fences = fences
@@ -284,8 +283,10 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 done[0].timings = timings
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
-        if type(msg) is m.Infer and msg.fences:
-            gpu_bls.wait_for_caller(msg)
+        if type(msg) is m.Infer and msg.fences:  # a direct caller's GPU work, not waited
+            # for: waited for here, on the CPU, so that the model finds its inputs ready on
+            # any stream, as always (by the time the call arrives it is usually done)
+            cuda_peers.wait_fences(msg.fences, on_cpu=True)
         inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest._received(
             self.load.model_name, inputs, msg.outputs, msg.request_id, msg.parameters
