@@ -138,6 +138,22 @@ def fences(devices: Iterable[int]) -> list[m.Fence]:
     return marks
 
 
+def unfinished(marks: list[m.Fence]) -> list[m.Fence]:
+    """Of this process's fences, those over work the GPU has not finished: asked just
+    before they are sent (by then it often has), so that the receiver skips waiting for the
+    others. A fence that cannot be asked about is kept: the receiver's wait reports it."""
+    kept: list[m.Fence] = []
+    for mark in marks:
+        own = _own_events.get(mark.device)
+        try:
+            if own is not None and own[1] == mark.handle and cuda_ipc.event_done(own[0]):
+                continue
+        except (cuda_ipc.CudaError, cuda_ipc.CudaUnavailable):
+            pass
+        kept.append(mark)
+    return kept
+
+
 def _own_event(device: int) -> tuple[Any, bytes] | None:
     global _no_events
     found = _own_events.get(device)

@@ -313,6 +313,8 @@ class DirectCalls:
             self.record(m.DirectRecord(target.id, now, now, error_code=exc.code.value,
                                        rejected=True))  # fmt: skip
             raise
+        if fences:  # the caller's GPU work may be done by now: the callee need not wait
+            fences = cuda_peers.unfinished(fences)
         infer = m.Infer(-self._link.next_call_id(), call.request_id, refs, call.outputs,
                         call.parameters, chain=call.chain, lend=True, fences=fences,
                         fenced=True)  # fmt: skip

@@ -380,3 +380,13 @@ def stream_wait_event(event: Any, device: int) -> None:
 def synchronize_event(event: Any) -> None:
     """Wait on the CPU until the work ``event``'s last record marks is done."""
     _check("cudaEventSynchronize", _runtime().cudaEventSynchronize(event))
+
+
+def event_done(event: Any) -> bool:
+    """Whether the work ``event``'s last record marks is done (the CPU does not wait)."""
+    runtime = _runtime()
+    result = runtime.cudaEventQuery(event)
+    if result[0] == runtime.cudaError_t.cudaErrorNotReady:
+        return False
+    _check("cudaEventQuery", result)
+    return True

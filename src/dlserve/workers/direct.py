@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dlserve.backend import cuda_peers
 from dlserve.backend.direct_serving import Served
 from dlserve.backend.link import WorkerLink
 from dlserve.ipc import messages as m
@@ -26,6 +27,8 @@ def serve_direct(
     elif isinstance(msg, m.Infer):
         conn.given_back(msg.release)  # the runner frees them
         done, buffers = _answer(runner, worker, conn, msg, payload)
+        if done.fences:  # the model's GPU work may be done by now: the caller need not wait
+            done.fences = cuda_peers.unfinished(done.fences)
         try:
             conn.channel.send(done, buffers)
         except OSError:  # the caller is gone: what it was lent goes back
