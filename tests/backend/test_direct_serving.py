@@ -8,6 +8,8 @@ worker a caller's connection) and the caller (the other end of that connection).
   or in its next Infer; a caller whose connection closes gives back everything it held;
 - the worker's serve loop takes requests from the server and from a direct caller in turn;
 - at Shutdown the worker says goodbye on its connections.
+
+Each runs with a worker that sleeps while it waits and with one that polls.
 """
 
 from __future__ import annotations
@@ -82,8 +84,10 @@ class Peers:
         return conn
 
 
-@pytest.fixture
-def peers(tmp_path: Path) -> Iterator[Peers]:
+@pytest.fixture(params=[0, 1_000_000], ids=["sleeping", "polling"])
+def peers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Peers]:
+    """A worker that sleeps while it waits for a frame, or one that polls 1 ms first
+    (--busy-poll-us 1000: it reads the server's channel and its callers' in turn)."""
     name = f"dlserve_direct_test_{next(_names)}"
     arena = ShmSegment.anonymous(f"{name}_in", 4 << 20)
     outputs = ShmSegment.anonymous(f"{name}_out", 4 << 20)
@@ -95,7 +99,7 @@ def peers(tmp_path: Path) -> Iterator[Peers]:
     ours, theirs = socket.socketpair()
     fds_ours, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     install_pb_utils()
-    channel = BlockingChannel(theirs, codec.to_worker)
+    channel = BlockingChannel(theirs, codec.to_worker, spin_ns=request.param)
     thread = threading.Thread(target=serve, args=(channel, theirs_arenas, fds_theirs),
                               daemon=True)  # fmt: skip
     thread.start()

@@ -40,10 +40,16 @@ DEADLINE_S = 60.0
 MODELS = ("bls_direct", "double", "crash", "in_place", "relay")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+@pytest.fixture(scope="module", params=[(), ("--busy-poll-us", "300")], ids=["", "busy-poll"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RunningServer]:
+    """Each test runs twice: with workers that sleep while they wait, and with workers
+    that poll (a callee then looks at its callers' connections and the server's channel
+    in turn, reading what it finds)."""
     models = (TEST_MODELS / name for name in MODELS)
-    with run_server(repository_of(tmp_path_factory.mktemp("direct_repo"), *models)) as running:
+    repository = repository_of(tmp_path_factory.mktemp("direct_repo"), *models)
+    with run_server(repository, *request.param) as running:
         yield running
 
 

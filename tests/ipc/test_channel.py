@@ -53,6 +53,32 @@ def test_blocking_channel_reads_frames_split_anywhere(chunk: int) -> None:
     channel.close()
 
 
+def test_read_ahead_reads_what_has_arrived_without_waiting() -> None:
+    """What a polling reader of several channels relies on: ``read_ahead`` never waits,
+    says whether ``recv`` can start at once, and frames come out whole and in order,
+    also one larger than the read-ahead buffer and after the writer has gone."""
+    ours, theirs = socket.socketpair()
+    channel = BlockingChannel(theirs, codec.to_worker)
+    frames = _frames()
+    assert not channel.read_ahead()  # nothing has come: no wait, and nothing read
+    ours.sendall(frames[3] + frames[4])  # two small frames at once
+    assert channel.read_ahead()
+    for rid in (3, 4):
+        msg, payload = channel.recv()
+        assert isinstance(msg, m.Infer) and msg.rid == rid
+        assert bytes(payload) == _payload(SIZES[rid], rid)
+    assert not channel.read_ahead()
+    ours.sendall(frames[8])  # READ_AHEAD + 1 bytes of payload: its rest is waited for
+    assert channel.read_ahead()
+    msg, payload = channel.recv()
+    assert isinstance(msg, m.Infer) and bytes(payload) == _payload(SIZES[8], 8)
+    ours.close()
+    assert channel.read_ahead()  # the end of the stream: recv says so
+    with pytest.raises(ChannelClosed):
+        channel.recv()
+    channel.close()
+
+
 def test_blocking_channel_send_round_trips_to_async_channel() -> None:
     async def main() -> list[tuple[int, bytes]]:
         ours, theirs = socket.socketpair()

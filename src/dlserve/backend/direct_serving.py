@@ -102,11 +102,16 @@ class ServedCalls:
     def ready(self, server: BlockingChannel[m.ServerToWorker]) -> Served | None:
         """Wait until the server's channel or a connection has bytes to read: the
         connection, or None for the server's channel (read first when both have)."""
-        if server.buffered():
+        if self.spin_ns:
+            found, source = self._spin(server)
+            if found:
+                return source
+        elif server.buffered():
             return None
-        for conn in self.connections:
-            if conn.channel.buffered():
-                return conn
+        else:
+            for conn in self.connections:
+                if conn.channel.buffered():
+                    return conn
         poller = self._poll
         if poller is None:
             poller = self._poll = select.poll()
@@ -115,20 +120,24 @@ class ServedCalls:
             for conn in self.connections:
                 self._fds[conn.channel.fileno()] = conn
                 poller.register(conn.channel.fileno(), select.POLLIN)
-        events = self._spin(poller) or poller.poll()
-        found = [self._fds.get(fd) for fd, _ in events]
-        if None in found:
+        sources = [self._fds.get(fd) for fd, _ in poller.poll()]
+        if None in sources:
             return None
-        return found[0]
+        return sources[0]
 
-    def _spin(self, poller: select.poll) -> list[tuple[int, int]]:
-        """Poll without sleeping for up to ``spin_ns`` (--busy-poll-us), letting whoever
-        else is runnable on this CPU go first between polls."""
-        if not self.spin_ns:
-            return []
+    def _spin(self, server: BlockingChannel[m.ServerToWorker]) -> tuple[bool, Served | None]:
+        """Look at each channel in turn without sleeping for up to ``spin_ns``
+        (--busy-poll-us), letting whoever else is runnable on this CPU go first between
+        rounds; what arrives is read as it is found (one system call, not a poll and a
+        read). Whether one had bytes, and which (None: the server's)."""
+        connections = self.connections
         deadline = time.perf_counter_ns() + self.spin_ns
         while True:
-            events = poller.poll(0)
-            if events or time.perf_counter_ns() > deadline:
-                return events
+            if server.read_ahead():
+                return True, None
+            for conn in connections:
+                if conn.channel.read_ahead():
+                    return True, conn
+            if time.perf_counter_ns() > deadline:
+                return False, None
             os.sched_yield()

@@ -103,6 +103,21 @@ class BlockingChannel(Generic[T]):
         """Whether bytes of a next frame were already read (select() would not see them)."""
         return self._end > self._start
 
+    def read_ahead(self) -> bool:
+        """Whether :meth:`recv` has bytes to start on without waiting: some read ahead
+        already, or read now without blocking (the end of the stream counts: ``recv``
+        raises ChannelClosed). For a reader that watches several channels by polling
+        them in turn: what arrives is read by the same system call that finds it."""
+        if self._end > self._start:
+            return True
+        self._start = self._end = 0
+        try:
+            n = self._sock.recv_into(self._buf, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        self._end = n  # 0: the stream ended, and recv says so
+        return True
+
     def _fill(self, count: int) -> None:
         """Make at least ``count`` bytes available from ``_start`` (count <= buffer size)."""
         if self._end - self._start >= count:
