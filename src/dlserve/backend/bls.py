@@ -13,18 +13,16 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dlserve.backend import link
 from dlserve.backend.bls_direct import Started, start_direct
 from dlserve.backend.bls_tensors import encode_inputs, response
 from dlserve.backend.errors import TritonModelException
+from dlserve.backend.request import InferenceRequest, InferenceResponse, InferenceTrace
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import ChannelClosed
-
-if TYPE_CHECKING:
-    from dlserve.backend.request import InferenceRequest, InferenceResponse
 
 
 def _worker(what: str) -> link.WorkerLink:
@@ -38,8 +36,6 @@ def _worker(what: str) -> link.WorkerLink:
 
 
 def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.BlsCall:
-    from dlserve.backend.request import InferenceTrace  # request.py imports this module
-
     params = request.parameters()
     timeout = int(request.timeout() or 0)
     return m.BlsCall(

@@ -12,29 +12,25 @@ did not run because it was stopping, goes through the server as before.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from dlserve import errors
 from dlserve.backend import cuda_peers, link
 from dlserve.backend.bls_tensors import encode_inputs, lent_count, response, triton_code
 from dlserve.backend.direct import CallSpec, DirectCall
 from dlserve.backend.errors import TritonError, TritonModelException
+from dlserve.backend.request import InferenceRequest, InferenceResponse, InferenceTrace
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 
-if TYPE_CHECKING:
-    from dlserve.backend.request import InferenceRequest, InferenceResponse
-
 
 def _plain(request: InferenceRequest) -> bool:
-    """Nothing in the request needs the server: no timeout, trace or sequence."""
-    from dlserve.backend.request import InferenceTrace  # request.py imports bls.py
-
+    """Nothing in the request needs the server: no timeout, trace or sequence (read off
+    its fields: this runs on every call)."""
     return (
-        not request.timeout()
-        and not request.correlation_id()
-        and not request.flags()
-        and not isinstance(request.trace(), InferenceTrace)
+        not request._timeout
+        and not request._correlation_id
+        and not request._flags
+        and not isinstance(request._trace, InferenceTrace)
     )
 
 
@@ -140,6 +136,4 @@ def _error_response(exc: errors.DlserveError) -> InferenceResponse:
 
 
 def _failed_response(message: str, code: int) -> InferenceResponse:
-    from dlserve.backend.request import InferenceResponse
-
     return InferenceResponse(error=TritonError(message, code))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -16,12 +16,10 @@ import numpy.typing as npt
 
 from dlserve.backend import cuda_peers, link
 from dlserve.backend.errors import TritonError
+from dlserve.backend.request import InferenceResponse
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 from dlserve.tensors import dtypes
-
-if TYPE_CHECKING:
-    from dlserve.backend.request import InferenceResponse
 
 # Gives a lent output back: (the lender's output arena id, offset there or -lend id).
 GiveBack = Callable[[int, int], None]
@@ -127,14 +125,12 @@ def response(
 ) -> InferenceResponse:  # fmt: skip
     """The response a BLS call returns; lent outputs go back through ``give_back``
     (the server's, by default)."""
-    from dlserve.backend.request import InferenceResponse
-
     if reply.error_code:
         return InferenceResponse(error=TritonError(reply.error, triton_code(reply.error_code)))
     back = worker.release_peer if give_back is None else give_back
     fenced = isinstance(reply, m.InferDone) and bool(reply.fences)  # waited for on the GPU
     tensors = [_output_tensor(worker, ref, payload, back, fenced) for ref in reply.outputs]
-    return InferenceResponse(tensors, parameters=reply.parameters or None)
+    return InferenceResponse._received(tensors, reply.parameters)
 
 
 def _output_tensor(

@@ -55,6 +55,8 @@ _lock = threading.Lock()
 def ipc() -> CudaIpc:
     """The process's CUDA IPC implementation; raises when cuda-python is missing."""
     global _ipc
+    if _ipc is not None:  # the usual case, told without the lock
+        return _ipc
     with _lock:
         if _ipc is None:
             _ipc = _Ipc()

@@ -304,7 +304,7 @@ class DirectCalls:
         fences over its GPU inputs (the callee answers with its own: the call is
         ``fenced``); None when the instance is gone (the call goes through the server).
         Either way ``conn`` is let go unless a DirectCall is returned."""
-        refs = [self._by_reference(ref) for ref in refs]
+        refs = [self._by_reference(r) if r.where in _BY_REFERENCE else r for r in refs]
         try:
             batch = target.check(call, refs, payload)
         except errors.DlserveError as exc:
@@ -318,13 +318,13 @@ class DirectCalls:
         infer = m.Infer(-self._link.next_call_id(), call.request_id, refs, call.outputs,
                         call.parameters, chain=call.chain, lend=True, fences=fences,
                         fenced=True)  # fmt: skip
-        frames: list[tuple[m._Msg, Sequence[bytes | memoryview]]] = [(infer, payload)]
         release = conn.release_frame()
-        if release is not None:
-            frames.insert(0, (release, ()))
         sent = time.monotonic_ns()
         try:
-            conn.channel.send_many(frames)
+            if release is None:  # the usual: one frame
+                conn.channel.send(infer, payload)
+            else:
+                conn.channel.send_many([(release, ()), (infer, payload)])
         except OSError:  # not delivered: safe to send through the server
             conn.busy.release()
             self.lost(target, conn)
@@ -332,8 +332,9 @@ class DirectCalls:
         return DirectCall(self, target, conn, sent, batch)
 
     def _by_reference(self, ref: m.TensorRef) -> m.TensorRef:
-        """This worker's own arenas, as another worker maps them (PEER_ARENA)."""
-        if ref.where not in _BY_REFERENCE or not self.arenas[0]:
+        """This worker's own arenas (``ref`` is in one), as another worker maps them
+        (PEER_ARENA)."""
+        if not self.arenas[0]:
             return ref
         index = 0 if ref.where == m.Where.INPUT_ARENA else 1
         arena, path = self.arenas[0][index], self.arenas[1][index]

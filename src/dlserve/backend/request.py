@@ -208,15 +208,25 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS): its response, or with ``decoupled``
         an iterator over the responses of a decoupled model (the empty final one last)."""
-        from dlserve.backend import bls
-
-        return bls.execute(self, decoupled)
+        return _bls().execute(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """As :meth:`exec`, awaitable (``asyncio.gather`` runs several at once)."""
+        return await _bls().async_execute(self, decoupled)
+
+
+_bls_module: Any = None
+
+
+def _bls() -> Any:
+    """``backend.bls``, imported at the first BLS call (it imports this module); kept
+    here so that a call does not go through the import machinery each time."""
+    global _bls_module
+    if _bls_module is None:
         from dlserve.backend import bls
 
-        return await bls.async_execute(self, decoupled)
+        _bls_module = bls
+    return _bls_module
 
 
 class InferenceResponseSender:
@@ -283,6 +293,17 @@ class InferenceResponse:
         self._output_tensors = _tensors(output_tensors, "output_tensors")
         self._error = error
         self._parameters = _parameters_json(parameters)
+
+    @classmethod
+    def _received(
+        cls, output_tensors: list[Tensor], parameters: Mapping[str, ParamValue] | None
+    ) -> InferenceResponse:
+        """Internal: a BLS call's response, from what the worker decoded (checked by the
+        callee's worker already)."""
+        response = cls.__new__(cls)
+        response._output_tensors, response._error = output_tensors, None
+        response._parameters = json.dumps(parameters) if parameters else "{}"
+        return response
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
