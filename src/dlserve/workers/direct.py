@@ -21,10 +21,7 @@ def serve_direct(
 ) -> None:  # fmt: skip
     """Handle one frame from a direct caller: a request (run now, answered on ``conn``) or
     outputs it gives back."""
-    if isinstance(msg, m.Release):
-        runner.release(msg.offsets, msg.gpu)
-        conn.given_back(msg.offsets, msg.gpu)
-    elif isinstance(msg, m.Infer):
+    if type(msg) is m.Infer:
         conn.given_back(msg.release)  # the runner frees them
         done, buffers = _answer(runner, worker, conn, msg, payload)
         if done.fences:  # the model's GPU work may be done by now: the caller need not wait
@@ -34,6 +31,9 @@ def serve_direct(
         except OSError:  # the caller is gone: what it was lent goes back
             worker.served.lost(conn, runner.release)
         _tell_mapped(worker, msg)
+    elif isinstance(msg, m.Release):
+        runner.release(msg.offsets, msg.gpu)
+        conn.given_back(msg.offsets, msg.gpu)
 
 
 def _answer(

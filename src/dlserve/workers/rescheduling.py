@@ -51,7 +51,7 @@ def checked_responses(
             raise TritonError(
                 f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
             )
-    return list(responses)
+    return responses if type(responses) is list else list(responses)
 
 
 def rescheduled_reply(rid: int, response: pb_utils.InferenceResponse | None) -> m.InferDone:

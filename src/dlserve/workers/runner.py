@@ -85,6 +85,8 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         self.gpu = gpu_io.GpuIO(gpu_io.Placement.AS_ARRIVED, 0, self.regions, self.output_arena)
         self.device_uuid = ""
         self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu)
+        # get_output_buffer of a request that names no output region (the usual): one for all
+        self._untargeted_buffer = functools.partial(self.outputs.buffer, _NO_TARGETS)
         self.peers = PeerArenas()
         self.gpu_lender = gpu_bls.GpuLender()
         self._input_base = buffer_address(self.input_arena.buffer)
@@ -297,9 +299,11 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             request._trace = pb_utils.InferenceTrace(msg.trace_id)
         if self.iterative:
             request._reschedulable = True
-        targets = {t.name: t for t in msg.output_regions} if msg.output_regions else _NO_TARGETS
-        outputs = self.outputs
-        request._output_buffer = functools.partial(outputs.buffer, targets)  # type: ignore[attr-defined]
+        if msg.output_regions:
+            targets = {t.name: t for t in msg.output_regions}
+            request._output_buffer = functools.partial(self.outputs.buffer, targets)  # type: ignore[attr-defined]
+        else:
+            request._output_buffer = self._untargeted_buffer  # type: ignore[attr-defined]
         return request
 
     def _reply(
@@ -315,7 +319,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         """A response's outputs as refs (inline, output arena or client region), the inline
         buffers, and its parameters. ``settled``: the devices whose work was waited for
         since ``execute`` returned (GPU outputs lent on them are not waited for again)."""
-        wanted = set(msg.outputs) if msg.outputs else None
+        wanted = msg.outputs  # a few names: a list is looked through as fast as a set
         targets = {t.name: t for t in msg.output_regions} if msg.output_regions else None
         refs: list[m.TensorRef] = []
         buffers: list[memoryview] = []
