@@ -38,12 +38,7 @@ STAMPS = [
     ("backend/bls_direct.py", "fences = cuda_peers.fences(devices) if", "call.encoded", "before"),
     ("backend/bls_direct.py", "staged = [r.offset for r in refs", "call.fenced", "before"),
     ("backend/direct.py", "infer = m.Infer(-self._link", "call.checked", "before"),
-    (
-        "backend/direct.py",
-        "        return DirectCall(self, target, conn, sent, batch)",
-        "call.sent",
-        "before",
-    ),
+    ("backend/direct.py", "return DirectCall(self, target, conn, sent", "call.sent", "before"),
     ("backend/direct.py", "msg, payload = conn.channel.recv()", "call.answer", "after"),
     ("backend/bls_direct.py", "done, payload = answer", "call.followed", "before"),
     ("backend/bls_direct.py", "            return answered\n", "call.response", "before"),
