@@ -258,6 +258,20 @@ def test_import_strided_and_compact_numpy_arrays() -> None:
     np.testing.assert_array_equal(dlpack.host_array(info, keepalive), sliced)
 
 
+def test_import_tells_compact_from_strided_arrays_of_one_shape() -> None:
+    """The compact strides kept per shape make no strided array of that shape compact;
+    the strides of size-1 dimensions, and of empty tensors, do not matter."""
+    base = np.arange(48, dtype=np.int32).reshape(4, 12)
+    compact, _ = dlpack.import_capsule(base[:, :6].copy())
+    strided, _ = dlpack.import_capsule(base[:, ::2])
+    assert compact.strides is None and strided.shape == compact.shape == (4, 6)
+    assert strided.strides == (12, 2)
+    one_row = np.lib.stride_tricks.as_strided(base, shape=(1, 12), strides=(400, 4))
+    assert dlpack.import_capsule(one_row)[0].strides is None
+    empty = np.lib.stride_tricks.as_strided(base, shape=(0, 12), strides=(4, 8))
+    assert dlpack.import_capsule(empty)[0].strides is None
+
+
 def test_import_byte_offset() -> None:
     values = np.arange(8, dtype=np.float32)[2:]
     producer = CountingProducer(values, byte_offset=8)

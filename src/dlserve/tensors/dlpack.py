@@ -96,9 +96,7 @@ _DL_TENSOR: Final = struct.Struct("<QiiiBBHQQQ")
 _MANAGED: Final = struct.Struct(_DL_TENSOR.format + "QQ")
 # DLManagedTensorVersioned: version {major, minor}, manager_ctx, deleter, flags, DLTensor.
 _VERSIONED: Final = struct.Struct("<IIQQQ" + _DL_TENSOR.format[1:])
-_DATA_DEVICE: Final = struct.Struct("<Qii")  # DLTensor's first 16 bytes: data, device
-_DTYPE_AT: Final = 20  # offset of DLTensor.dtype
-_DTYPE: Final = struct.Struct("<BBH")
+_HEAD: Final = struct.Struct("<QiiiBBH")  # DLTensor's first 24 bytes: data to dtype
 _INT64S: Final = [struct.Struct(f"<{n}q") for n in range(33)]  # shapes and strides by ndim
 
 
@@ -193,11 +191,10 @@ def export_capsule(
     memory = _Memory(ptr, shape, byte_strides, carrier_dtype, False, owner)
     # 2. numpy builds the DLManagedTensor, its C deleter and its capsule destructor.
     capsule: object = np.asarray(memory).__dlpack__()
-    # 3. Say what the memory really is: where it lives and its element type.
-    address = _capsule_get_pointer(capsule, _NAME)
-    head = _DATA_DEVICE.pack(ptr, device_type, device_id)
-    ctypes.memmove(address, head, _DATA_DEVICE.size)
-    ctypes.memmove(address + _DTYPE_AT, _DTYPE.pack(dtype.dl_code, dtype.dl_bits, 1), _DTYPE.size)
+    # 3. Say what the memory really is: where it lives and its element type (ndim, between
+    #    them, as numpy wrote it).
+    head = _HEAD.pack(ptr, device_type, device_id, len(shape), dtype.dl_code, dtype.dl_bits, 1)
+    ctypes.memmove(_capsule_get_pointer(capsule, _NAME), head, _HEAD.size)
     return capsule
 
 
@@ -267,7 +264,21 @@ def _read_int64s(address: int, count: int) -> tuple[int, ...] | None:
     return struct.unpack(f"<{count}q", ctypes.string_at(address, 8 * count))
 
 
+_COMPACT: dict[tuple[int, ...], tuple[int, ...]] = {}  # compact strides of shapes seen
+_COMPACT_KEPT: Final = 256
+
+
 def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether ``strides`` address ``shape`` as compact C order does (the strides of size-1
+    dimensions do not matter). A model's tensors come in a few shapes: each one's compact
+    strides are kept, so the usual answer is one comparison."""
+    compact = _COMPACT.get(shape)
+    if compact is None:
+        if len(_COMPACT) >= _COMPACT_KEPT:
+            _COMPACT.clear()
+        compact = _COMPACT[shape] = compact_strides(shape)
+    if strides == compact:
+        return True
     if 0 in shape:
         return True
     expected = 1
