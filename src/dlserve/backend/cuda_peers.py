@@ -129,7 +129,7 @@ def fences(devices: Iterable[int]) -> list[m.Fence]:
     marks: list[m.Fence] = []
     for device in devices:
         try:
-            own = _own_event(device)
+            own = _own_events.get(device) or _own_event(device)
             if own is None:
                 cuda_ipc.synchronize_device(device)
                 continue
@@ -225,6 +225,9 @@ class _Ipc:
         return handle, offset
 
     def open(self, handle: bytes, device: int) -> int:
+        found = self._opened.get(handle)  # the usual case, told without the lock
+        if found is not None:
+            return found[0]
         with self._lock:
             found = self._opened.get(handle)
             if found is not None:
@@ -243,11 +246,12 @@ class _Ipc:
     def find(
         self, ptr: int, settled: AbstractSet[int] = frozenset()
     ) -> tuple[bytes, int, int] | None:
+        found = None
         with self._lock:
-            found = next(
-                ((h, d, ptr - b) for h, (b, s, d) in self._opened.items() if b <= ptr < b + s),
-                None,
-            )
+            for handle, (base, size, device) in self._opened.items():
+                if base <= ptr < base + size:
+                    found = handle, device, ptr - base
+                    break
         if found is not None and found[1] not in settled:
             try:
                 cuda_ipc.synchronize(found[1])

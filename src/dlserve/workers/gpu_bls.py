@@ -8,6 +8,7 @@ exercise it. The IPC calls go through ``backend.cuda_peers.ipc()``.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
@@ -87,7 +88,7 @@ class GpuLender:
         devices waited for since ``execute`` returned (:func:`settle_borrowed`)."""
         info = tensor._gpu
         assert info is not None
-        nbytes = tensor.dtype.itemsize * _count(info.shape)
+        nbytes = tensor.dtype.itemsize * math.prod(info.shape)  # ints: exact
         if regions.locate_cuda(info.ptr, nbytes) is not None:
             return None
         ipc = cuda_peers.ipc()
@@ -107,10 +108,3 @@ class GpuLender:
         with self._lock:
             for lend_id in lend_ids:
                 self._lent.pop(lend_id, None)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
