@@ -70,6 +70,22 @@ STAMPS = [
         "recv.decoded",
         "after",
     ),
+    # finer steps: a fence's record, the lend's parts, the reply's and the response's last
+    ("backend/cuda_peers.py", "cuda_ipc.record_event(own[0], device)", "fence.record", "before"),
+    ("backend/cuda_peers.py", "cuda_ipc.record_event(own[0], device)", "fence.recorded", "after"),
+    ("workers/gpu_bls.py", "if regions.locate_cuda(info.ptr, nbytes)", "lend.start", "before"),
+    ("workers/gpu_bls.py", "found = ipc.find(info.ptr, settled)", "lend.region", "before"),
+    ("workers/gpu_bls.py", "handle, offset = ipc.export(info.ptr", "lend.found", "before"),
+    ("workers/gpu_bls.py", "handle, offset = ipc.export(info.ptr", "lend.exported", "after"),
+    ("workers/gpu_bls.py", "return m.TensorRef(tensor.name(), ", "lend.counted", "before"),
+    ("workers/direct.py", "done.outputs = [worker.served.lent_ref", "serve.lent", "after"),
+    ("workers/direct.py", "done, buffers = _answer(runner", "serve.answered", "after"),
+    ("workers/direct.py", "done.fences = cuda_peers.unfinished(", "serve.asked", "after"),
+    ("backend/bls_tensors.py", "base = cuda_peers.ipc().open(ref.", "response.opened", "after"),
+    ("backend/bls_tensors.py", "tensors = [_output_tensor(", "response.wrapped", "after"),
+    ("backend/direct.py", "batch = target.check(call, refs, payload)", "call.form", "after"),
+    ("backend/direct.py", "fences = cuda_peers.unfinished(fences)", "call.asked", "after"),
+    ("backend/direct.py", "conn.release_frame()\n        sent", "call.framed", "after"),
 ]
 
 STAMPS_MODULE = """
