@@ -129,7 +129,7 @@ def fences(devices: Iterable[int]) -> list[m.Fence]:
     marks: list[m.Fence] = []
     for device in devices:
         try:
-            own = _own_events.get(device) or _own_event(device)
+            own = _own_event(device)
             if own is None:
                 cuda_ipc.synchronize_device(device)
                 continue

@@ -410,6 +410,9 @@ def synchronize_event(event: Any) -> None:
     _status("cudaEventSynchronize", _runtime().cudaEventSynchronize(event))
 
 
+_NOT_READY: Final = 600  # cudaErrorNotReady, in every CUDA release
+
+
 def event_done(event: Any) -> bool:
     """Whether the work ``event``'s last record marks is done (the CPU does not wait)."""
     result = _runtime().cudaEventQuery(event)
@@ -419,6 +422,3 @@ def event_done(event: Any) -> bool:
     if status != 0:
         _check("cudaEventQuery", result)
     return True
-
-
-_NOT_READY: Final = 600  # cudaErrorNotReady, in every CUDA release
