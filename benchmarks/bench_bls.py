@@ -11,6 +11,10 @@ alternating blocks (``--block``, 0.25 s), so the host's drift falls on both alik
     python benchmarks/bench_bls.py [--duration S] [--block S] [--sizes 0.6MB,77MB]
         [--busy-poll-us US] [--mps] [--json PATH]
 
+A few seconds per model hold a dozen block pairs, and the host's state moves such a
+run's ratio by about 0.1; the run of record for the target is long:
+``--busy-poll-us 2000 --mps --sizes 77MB --duration 30`` (120 block pairs).
+
 Target (issue 6): the BLS pipeline's p50 at most 1.5x the single model's. Reference,
 Triton 2.51 on the same kind of machine, tritonclient gRPC, 1 client: BLS 13.6 ms against
 2.9 ms for the single model at 77 MB, 4.1 ms against 1.3 ms at 0.6 MB. A benchmark, not a
