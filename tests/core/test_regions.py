@@ -197,18 +197,24 @@ def test_a_request_without_regions_takes_no_lease() -> None:
          "Invalid offset + byte size for shared memory region: 'r'"),
     ],
 )  # fmt: skip
+@pytest.mark.parametrize("cuda", [False, True])
 def test_spans_are_checked(
-    key: str, ref: RegionRef, error: type[errors.DlserveError], message: str
+    key: str, ref: RegionRef, error: type[errors.DlserveError], message: str, cuda: bool
 ) -> None:
+    """The same checks and messages for a system region and a CUDA one (whose handle the
+    registry takes as checked: no GPU is needed to check a span)."""
     registry = RegionRegistry()
-    registry.register("r", key, 0, 64, LOCAL)
+    if cuda:
+        registry.add_cuda("r", b"\0" * 64, 0, 64)
+    else:
+        registry.register("r", key, 0, 64, LOCAL)
     for tensors in ({"A": ref}, {}):
         outputs = {} if tensors else {"X": ref}
         with pytest.raises(error) as info:
             registry.lease(request(tensors, outputs))
         assert info.value.message == message
-    registry.unregister("r", LOCAL)  # a failed lease counted nothing: the region goes at once
-    assert registry.status() == []
+    registry.unregister("r", LOCAL, cuda)  # a failed lease counted nothing: it goes at once
+    assert registry.status(cuda=cuda) == []
 
 
 def test_unregistering_a_region_in_use(key: str) -> None:

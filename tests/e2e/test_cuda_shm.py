@@ -1,22 +1,26 @@
 """CUDA shared memory through a real server, driven by unmodified tritonclient
 (``tritonclient.utils.cuda_shared_memory`` for the regions), over gRPC and HTTP.
 
-Without a GPU (CI): the status and unregister calls, malformed handles, names shared with
-system shared memory, and a registration that cannot work here, each with Triton's code.
+Without a GPU (CI): the status and unregister calls, malformed handles, a missing name or
+field, names shared with system shared memory, and a registration that cannot work here, each
+with Triton's code and message.
 On a GPU (``gpu`` marker): register / status / unregister; inputs and outputs in regions at
 offsets; the model writing into the client's memory; torch and cupy models; GPU outputs on
 the wire; as_numpy of a GPU input; input placement (as arrived, FORCE_CPU_ONLY_INPUT_TENSORS,
 force_gpu_tensors); a producer deleted right after from_dlpack; get_output_buffer; the
-instance's device bound before initialize; unregistering while a request is in flight; bad
-handles; the seed's model and config, unchanged.
+instance's device bound before initialize; unregistering while a request is in flight; each
+refused registration, and offsets past a region, with Triton's message; the seed's model and
+config, unchanged.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import queue
 import shutil
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +32,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, TEST_MODELS, RunningServer, run_server
@@ -41,7 +44,17 @@ except (ImportError, RuntimeError):  # needs cuda-python
 
 HAS_GPU = cudashm is not None and cuda_ipc.available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")]
-BAD_HANDLE = "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
+# Triton 2.51's messages (src/shared_memory_manager.cc, src/http_server.cc, src/grpc/); dlserve
+# says the same, then, where Triton only logs it, why.
+TRITON = {
+    "bad_handle": "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t",
+    "open_failed": "failed to register shared memory region: invalid args",
+    "size_refused": "failed to register shared memory region '{}': invalid args",
+    "not_supported": "failed to register CUDA shared memory region: '{}', GPUs not supported",
+    "exists": "shared memory region '{}' already in manager",
+    "bad_offset": "Invalid offset for shared memory region: '{}'",
+    "bad_span": "Invalid offset + byte size for shared memory region: '{}'",
+}
 DEADLINE_S = 60.0
 FLOAT = 4
 STATUS = {  # code -> (gRPC status, HTTP status)
@@ -197,42 +210,75 @@ def test_status_and_unregister_with_no_regions(client: Client) -> None:
 
 
 def test_malformed_handles(client: Client) -> None:
-    short = base64.b64encode(b"\1" * 10)
-    assert BAD_HANDLE in client.fails("INVALID_ARG", client.api.register_cuda_shared_memory,
-                                      "r", short, 0, 64)  # fmt: skip
-    if client.protocol == "http":  # gRPC carries raw bytes: only HTTP has base64 to break
+    """HTTP's handler checks the decoded handle's size itself; gRPC carries raw bytes, which
+    Triton reads 64 of and fails to open."""
+    for handle in (b"\1" * 10, b"\0" * 80):
+        message = client.fails("INVALID_ARG", client.api.register_cuda_shared_memory,
+                               "r", base64.b64encode(handle), 0, 64)  # fmt: skip
+        if client.protocol == "http":
+            assert message == TRITON["bad_handle"]
+        else:
+            assert message.startswith(TRITON["open_failed"] + ": "), message
+            assert f"'raw_handle' is {len(handle)} bytes, a cudaIpcMemHandle_t is 64" in message
+    if client.protocol == "http":  # only HTTP has base64 to break
         message = client.fails("INVALID_ARG", client.api.register_cuda_shared_memory,
                                "r", b"!!not base64!!", 0, 64)  # fmt: skip
-        assert BAD_HANDLE in message
+        assert message == TRITON["bad_handle"]
     assert client.status() == {}
 
 
-def test_names_are_shared_with_system_shared_memory(client: Client) -> None:
-    key = f"/cudatest_{uuid.uuid4().hex}"
-    handle = shm.create_shared_memory_region(key, key, 64)
-    try:
-        client.api.register_system_shared_memory("r", key, 64)
-        message = client.fails("ALREADY_EXISTS", client.api.register_cuda_shared_memory,
-                               "r", base64.b64encode(b"\0" * 64), 0, 64)  # fmt: skip
-        assert "shared memory region 'r' already in manager" in message
-        message = client.fails("NOT_FOUND", client.status, "r")
-        assert "registered as system shared memory, not CUDA shared memory" in message
-        client.api.unregister_cuda_shared_memory("r")  # the other kind: a no-op, as Triton
-        client.api.unregister_cuda_shared_memory()
-        assert "r" in str(client.api.get_system_shared_memory_status())
-    finally:
-        client.api.unregister_system_shared_memory()
-        shm.destroy_shared_memory_region(handle)
+def test_registration_needs_a_region_name(cuda_server: RunningServer) -> None:
+    """gRPC with an empty name; HTTP at the register route without a region (a path with an
+    empty one, as tritonclient sends for "", is not a route: 404, as in Triton)."""
+    expected = "'region name' is necessary to register cuda shared memory region"
+    handle = base64.b64encode(b"\0" * 64)
+    client = connect("grpc", cuda_server)
+    message = client.fails("INVALID_ARG", client.api.register_cuda_shared_memory,
+                           "", handle, 0, 64)  # fmt: skip
+    assert message == expected
+    client.api.close()
+    body = {"raw_handle": {"b64": handle.decode()}, "byte_size": 64, "device_id": 0}
+    assert post_json(cuda_server, "/v2/cudasharedmemory/register", body) == (400, expected)
+
+
+def post_json(server: RunningServer, path: str, body: object) -> tuple[int, str]:
+    """POST ``body`` as JSON; the status and the error's message."""
+    request = urllib.request.Request(f"http://{server.http_url}{path}",
+                                     data=json.dumps(body).encode(), method="POST")  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=DEADLINE_S)
+    return info.value.code, str(json.loads(info.value.read())["error"])
+
+
+def test_http_registration_needs_every_field(cuda_server: RunningServer) -> None:
+    """Triton answers a missing field with JSON's own error (500); dlserve says which."""
+    handle = base64.b64encode(b"\0" * 64).decode()
+    bodies = {
+        "raw_handle": {"byte_size": 64, "device_id": 0},
+        "byte_size": {"raw_handle": {"b64": handle}, "device_id": 0},
+        "device_id": {"raw_handle": {"b64": handle}, "byte_size": 64},
+    }
+    for missing, body in bodies.items():
+        expected = f"Shared memory register request has no '{missing}' field"
+        path = "/v2/cudasharedmemory/region/r/register"
+        assert post_json(cuda_server, path, body) == (400, expected)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is here: the GPU tests cover registration")
 def test_registration_where_there_is_no_gpu(client: Client) -> None:
+    """Without cuda-python, as Triton built without GPU support; with it but no device, as
+    Triton built with it: the handle does not open."""
     handle = base64.b64encode(b"\0" * 64)
-    with pytest.raises(InferenceServerException) as info:
-        client.api.register_cuda_shared_memory("r", handle, 0, 64)
-    message = info.value.message()
-    # cuda-python missing: UNSUPPORTED and how to get it; installed but no device: which GPUs.
-    assert "cuda-python" in message or "GPU 0 does not exist; this server sees 0 GPU(s)" in message
+    message = client.fails("INVALID_ARG", client.api.register_cuda_shared_memory,
+                           "r", handle, 0, 64)  # fmt: skip
+    try:
+        cuda_ipc.device_count()
+    except cuda_ipc.CudaUnavailable:
+        assert message.startswith(TRITON["not_supported"].format("r") + ": "), message
+        assert "pip install 'dlserve[gpu]'" in message
+    else:
+        assert message.startswith(TRITON["open_failed"] + ": "), message
+        assert "GPU 0 does not exist; this server sees 0 GPU(s)" in message
     assert client.status() == {}
 
 
@@ -262,17 +308,44 @@ class TestOnTheGpu:
         client.api.unregister_cuda_shared_memory()
         assert client.status() == {}
 
-    def test_bad_handles(self, client: Client, regions: Regions) -> None:
-        region = regions.create(1024)
+    def test_a_handle_that_does_not_open(self, client: Client) -> None:
         garbage = base64.b64encode(os.urandom(64))
         message = client.fails("INVALID_ARG", client.api.register_cuda_shared_memory,
                                "r", garbage, 0, 64)  # fmt: skip
+        assert message.startswith(TRITON["open_failed"] + ": "), message
         assert "cannot be opened on GPU 0" in message and "--ipc=host" in message
+        assert client.status() == {}
+
+    def test_a_byte_size_past_the_allocation(self, client: Client, regions: Regions) -> None:
+        region = regions.create(1024)
         message = client.fails("INVALID_ARG", client.register, "r", region, 1025)
+        assert message.startswith(TRITON["size_refused"].format("r") + ": "), message
         assert "byte_size 1025 is larger than the allocation behind the handle" in message
+        client.register("r", region, 1024)  # the whole allocation is fine
+        assert client.status() == {"r": (0, 1024)}
+
+    def test_a_device_that_does_not_exist(self, client: Client, regions: Regions) -> None:
+        region = regions.create(1024)
         message = client.fails("INVALID_ARG", client.register, "r", region, 64, 99)
+        assert message.startswith(TRITON["open_failed"] + ": "), message
         assert "GPU 99 does not exist" in message
         assert client.status() == {}
+
+    def test_a_name_already_registered(self, client: Client, regions: Regions) -> None:
+        region = regions.create(1024)
+        client.register("r", region, 1024)
+        message = client.fails("ALREADY_EXISTS", client.register, "r", region, 1024)
+        assert message == TRITON["exists"].format("r")
+
+    def test_offsets_past_the_region_at_inference(self, client: Client,
+                                                  regions: Regions) -> None:  # fmt: skip
+        region = regions.create(1024)
+        client.register("r", region, 256)  # the region is 256 bytes of the allocation
+        for at, expected in ((256, "bad_offset"), (200, "bad_span")):
+            message = client.fails("INVALID_ARG", client.infer, "gpu_ops",
+                                   [client.in_region("INPUT_0", [16], "r", at)],
+                                   [client.output("OUTPUT_0")])  # fmt: skip
+            assert message == TRITON[expected].format("r")
 
     def test_inputs_and_outputs_in_regions_at_offsets(self, client: Client,
                                                       regions: Regions) -> None:  # fmt: skip

@@ -18,14 +18,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dlserve import errors
-from dlserve.core import cuda_check
 from dlserve.core.service import InferenceService
+from dlserve.tensors.cuda_ipc import HANDLE_SIZE
 from dlserve.types import Parameters, Peer, RegionRef
 
 JsonObject = dict[str, Any]
 ReadJson = Callable[[Request, str], Awaitable[JsonObject]]
 Encode = Callable[[object], bytes]
 CLIENT_PID_HEADER = "dlserve-client-pid"  # the pid a client says it has (core/owners.py)
+# Triton's HTTP register handler, for a handle that does not decode to 64 bytes.
+BAD_HANDLE = "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
 
 
 # --- tensors ---------------------------------------------------------------------------
@@ -144,11 +146,13 @@ class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
             )
         if not isinstance(raw, dict) or type(raw.get("b64")) is not str:
             raise errors.InvalidArgumentError("Unable to parse 'b64'")
+        for key in ("byte_size", "device_id"):
+            if key not in body:
+                raise errors.InvalidArgumentError(
+                    f"Shared memory register request has no '{key}' field"
+                )
         byte_size, device_id = _unsigned(body, "byte_size"), _unsigned(body, "device_id")
-        try:
-            handle = base64.b64decode(raw["b64"], validate=True)
-        except (binascii.Error, ValueError):
-            raise errors.InvalidArgumentError(cuda_check.BAD_HANDLE) from None
+        handle = _handle(raw["b64"])
         await self.service.register_cuda_shm(name, handle, device_id, byte_size, peer)
         return Response(status_code=200, media_type="application/json")
 
@@ -156,3 +160,15 @@ class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
         name = request.path_params.get("region", "")
         self.service.unregister_shm(name, peer_of(request.scope.get("client")), cuda=True)
         return Response(status_code=200, media_type="application/json")
+
+
+def _handle(text: str) -> bytes:
+    """The cudaIpcMemHandle_t a register body carries, checked as Triton's HTTP frontend
+    checks it (before anything is opened)."""
+    try:
+        handle = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise errors.InvalidArgumentError(BAD_HANDLE) from None
+    if len(handle) != HANDLE_SIZE:
+        raise errors.InvalidArgumentError(BAD_HANDLE)
+    return handle
