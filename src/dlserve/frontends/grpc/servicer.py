@@ -22,10 +22,14 @@ from tritonclient.grpc import service_pb2 as pb
 from dlserve.core.service import InferenceService
 from dlserve.core.tracer import Trace
 from dlserve.errors import (
+    CancelledError,
+    DeadlineExceededError,
     DecoupledModelError,
     DlserveError,
     InvalidArgumentError,
+    ModelError,
     UnsupportedError,
+    WorkerDiedError,
 )
 from dlserve.frontends.grpc import control, convert, health, shm
 from dlserve.frontends.grpc.calls import Context, Method, Parts
@@ -41,7 +45,41 @@ SERVICE_NAME: Final = "inference.GRPCInferenceService"
 STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 
 EMPTY_FINAL: Final = "triton_enable_empty_final_response"  # a request parameter
+GRPC_ERROR_HEADER: Final = "triton_grpc_error"  # "true": an error of inference ends a stream
+# Failures of a request its model was given (it raised or answered with an error, its
+# instance died, a deadline passed, it was cancelled); other errors refuse a request.
+_INFERENCE_ERRORS: Final = (ModelError, WorkerDiedError, DeadlineExceededError, CancelledError)
 _INFER_DECOUPLED: Final = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
+class StreamEnd:
+    """How a ModelStreamInfer call ends on an error: Triton's ``triton_grpc_error`` mode.
+
+    With the header ``triton_grpc_error: true`` (``strict``), the first error of inference
+    ends the stream with that error's gRPC status, as Triton's stream handler does for an
+    error its response callback gets: the responses sent before it go first, the stream's
+    other requests are cancelled, later responses are dropped. Requests refused before
+    they run (a malformed message, an unknown model, bad inputs, a full queue) are
+    answered with ``error_message`` and the stream goes on, as Triton answers a request
+    it cannot issue. Without the header every error is such a message.
+    """
+
+    __slots__ = ("error", "out", "strict")
+
+    def __init__(self, out: Outbox, strict: bool) -> None:
+        self.out = out
+        self.strict = strict
+        self.error: Exception | None = None
+
+    def ends_with(self, error: Exception) -> bool:
+        """Whether ``error`` ends the stream (the first such one is kept for its status)."""
+        refused = isinstance(error, DlserveError) and not isinstance(error, _INFERENCE_ERRORS)
+        if not self.strict or refused:
+            return False
+        if self.error is None:
+            self.error = error
+            self.out.put_nowait(None)  # what was queued before it still goes out
+        return True
 
 
 class GrpcServicer:
@@ -105,20 +143,24 @@ class GrpcServicer:
         """Requests run concurrently (up to STREAM_WINDOW); responses leave as they come,
         as Triton sends them: a decoupled model's responses interleave with the others'.
 
-        A failed request answers with ``error_message`` and the stream goes on. A client
-        that cancels the RPC (or goes away) cancels its requests: the models see
-        ``is_cancelled()``.
+        A failed request answers with ``error_message`` and the stream goes on; with the
+        header ``triton_grpc_error: true`` an error of inference ends the stream with its
+        status instead (see :class:`StreamEnd`). A client that cancels the RPC (or goes
+        away) cancels its requests: the models see ``is_cancelled()``.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
         out = Outbox()  # bounded: a slow reader holds the models' sends back
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
+        end = StreamEnd(out, (GRPC_ERROR_HEADER, "true") in context.invocation_metadata())
         reader = asyncio.create_task(
-            self._read_stream(requests, window, out, tasks, peer, context.opened_ns)
+            self._read_stream(requests, window, end, tasks, peer, context.opened_ns)
         )
         try:
             while (response := await out.get()) is not None:
                 yield response
+            if end.error is not None:
+                raise end.error  # its status ends the RPC; the finally cancels the rest
             await reader  # a broken request stream ends the RPC with its error
         finally:
             reader.cancel()
@@ -127,7 +169,7 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
-        out: Outbox, tasks: set[asyncio.Task[None]], peer: Peer, waited: int,
+        end: StreamEnd, tasks: set[asyncio.Task[None]], peer: Peer, waited: int,
     ) -> None:  # fmt: skip
         """``waited``: while tracing is on, when the stream began waiting for its next
         request (GRPC_WAITREAD_START of that request's trace)."""
@@ -137,7 +179,7 @@ class GrpcServicer:
         try:
             async for data in requests:
                 await window.acquire()
-                one = self._stream_one(data, peer, out, window, waited)
+                one = self._stream_one(data, peer, end, window, waited)
                 task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -145,14 +187,15 @@ class GrpcServicer:
             while tasks:  # the client is done sending: finish what it sent
                 await asyncio.wait(list(tasks))
         finally:
-            out.put_nowait(None)
+            end.out.put_nowait(None)
 
     async def _stream_one(
-        self, data: memoryview, peer: Peer, out: Outbox, window: asyncio.Semaphore,
+        self, data: memoryview, peer: Peer, end: StreamEnd, window: asyncio.Semaphore,
         waited: int,
     ) -> None:  # fmt: skip
         request: InferRequest | None = None
         trace: Trace | None = None
+        out = end.out
         try:
             request = convert.parse_infer_request(data)
             request.peer = peer
@@ -162,6 +205,8 @@ class GrpcServicer:
             items = self._service.infer_stream(request, trace=trace)
             async with contextlib.aclosing(items):
                 async for item in items:
+                    if item.error is not None and end.ends_with(item.error):
+                        return
                     message = convert.stream_item(request, item, empty_final)
                     if message is None:
                         continue
@@ -175,6 +220,8 @@ class GrpcServicer:
         except Exception as exc:
             if not isinstance(exc, DlserveError):
                 log.exception("gRPC ModelStreamInfer request failed")
+            if end.ends_with(exc):
+                return
             request_id = request.id if request is not None else convert.request_id_of(data)
             out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
         finally:
