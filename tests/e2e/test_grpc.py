@@ -397,7 +397,33 @@ def test_statistics_of_every_model_and_unknown_model(
 ) -> None:
     names = {s.name for s in client.get_inference_statistics().model_stats}
     assert "add_sub" in names
-    raises_status("NOT_FOUND", client.get_inference_statistics, "no_such_model")
+    message = raises_status("INVALID_ARGUMENT", client.get_inference_statistics, "no_such_model")
+    assert message == "requested model 'no_such_model' is not available"
+    message = raises_status("INVALID_ARGUMENT", client.get_inference_statistics, "add_sub", "7")
+    assert message == "requested model version is not available for model 'add_sub'"
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+        ("abc", "failed to get model version from specified version string 'abc' (details: "
+                "stol), version should be an integral value > 0"),
+        ("99999999999999999999", "failed to get model version from specified version string "
+                                 "'99999999999999999999' (details: stol), version should be an "
+                                 "integral value > 0"),
+    ],
+)  # fmt: skip
+def test_bad_versions_are_refused_as_triton_refuses_them(
+    client: grpcclient.InferenceServerClient, version: str, message: str
+) -> None:
+    calls = (client.is_model_ready, client.get_model_metadata, client.get_model_config,
+             client.get_inference_statistics)  # fmt: skip
+    for call in calls:
+        assert raises_status("INVALID_ARGUMENT", call, "add_sub", version) == message
+    inputs, _, _ = add_sub_inputs()
+    got = raises_status("INVALID_ARGUMENT", client.infer, "add_sub", inputs, model_version=version)
+    assert got == message
 
 
 def test_repository_index(client: grpcclient.InferenceServerClient) -> None:
@@ -578,5 +604,14 @@ def test_log_settings(explicit_client: grpcclient.InferenceServerClient) -> None
 def test_log_settings_rejected(explicit_client: grpcclient.InferenceServerClient) -> None:
     raises_status("UNIMPLEMENTED", explicit_client.update_log_settings, {"log_file": "/tmp/l"})
     raises_status("INVALID_ARGUMENT", explicit_client.update_log_settings, {"log_format": "x"})
-    raises_status("INVALID_ARGUMENT", explicit_client.update_log_settings, {"log_nope": True})
+    raises_status("INVALID_ARGUMENT", explicit_client.update_log_settings, {"log_info": None})
     assert explicit_client.get_log_settings().settings["log_format"].string_param == "default"
+
+
+def test_unknown_log_settings_are_ignored(
+    explicit_client: grpcclient.InferenceServerClient,
+) -> None:
+    """As Triton reads only the settings it knows (the answer shows what applies)."""
+    before = explicit_client.get_log_settings(as_json=True)
+    after = explicit_client.update_log_settings({"log_nope": True}, as_json=True)
+    assert after == before and "log_nope" not in after["settings"]

@@ -142,8 +142,10 @@ def test_model_ready_for_unknown_model_and_version(example_server: RunningServer
         ("/v2/models/no_such_model", 404, "no_such_model"),
         ("/v2/models/add_sub/versions/7", 404, "version 7"),
         ("/v2/models/no_such_model/config", 404, "no_such_model"),
-        ("/v2/models/no_such_model/stats", 404, "no_such_model"),
         ("/v2/nothing/here", 404, "Not Found"),
+        # a version in a path is digits, as Triton's routes have it: anything else is no route
+        ("/v2/models/add_sub/versions/-1", 404, "Not Found"),
+        ("/v2/models/add_sub/versions/latest/config", 404, "Not Found"),
     ],
 )
 def test_unknown_things_are_not_found(
@@ -154,12 +156,67 @@ def test_unknown_things_are_not_found(
     still_serving(example_server)
 
 
-def test_wrong_method(example_server: RunningServer) -> None:
-    assert error_of(example_server, "GET", "/v2/models/add_sub/infer") == (
-        405,
-        "Method Not Allowed",
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v2/models/add_sub/infer", "POST"),
+        ("POST", "/v2/health/live", "GET, HEAD"),
+        ("DELETE", "/v2/logging", "GET, HEAD, POST"),
+        ("PUT", "/v2/models/add_sub/versions/1/generate", "POST"),
+        ("TRACE", "/v2/systemsharedmemory/status", "GET, HEAD"),
+    ],
+)
+def test_wrong_method(example_server: RunningServer, method: str, path: str, allowed: str) -> None:
+    """405 with Triton's message, and the Allow header RFC 9110 (15.5.6) asks for."""
+    status, headers, content = raw(example_server, method, path)
+    assert (status, json.loads(content)) == (405, {"error": "Method Not Allowed"})
+    assert sorted(headers["allow"].split(", ")) == sorted(allowed.split(", "))
+
+
+def test_version_minus_one_is_no_route(example_server: RunningServer) -> None:
+    """Triton's HTTP routes take digits for a version: -1 does not mean the latest there."""
+    a = np.ones(4, np.float32)
+    body = json.dumps({"inputs": [
+        {"name": name, "shape": [4], "datatype": "FP32", "data": a.tolist()}
+        for name in ("INPUT0", "INPUT1")
+    ]}).encode()  # fmt: skip
+    for path in ("/v2/models/add_sub/versions/-1/infer", "/v2/models/add_sub/versions/x/infer",
+                 "/v2/models/add_sub/versions/-1/generate"):  # fmt: skip
+        assert error_of(example_server, "POST", path, body) == (404, "Not Found")
+    assert raw(example_server, "GET", "/v2/models/add_sub/versions/-1/ready")[0] == 404
+    assert raw(example_server, "POST", "/v2/models/add_sub/versions/1/infer", body)[0] == 200
+
+
+def test_a_version_past_int64_is_refused(example_server: RunningServer) -> None:
+    big = "99999999999999999999"
+    expected = (
+        f"failed to get model version from specified version string '{big}' (details: stol), "
+        "version should be an integral value > 0"
     )
-    assert error_of(example_server, "POST", "/v2/health/live")[0] == 405
+    for path in (f"/v2/models/add_sub/versions/{big}", f"/v2/models/add_sub/versions/{big}/ready",
+                 f"/v2/models/add_sub/versions/{big}/stats"):  # fmt: skip
+        assert error_of(example_server, "GET", path) == (400, expected)
+    assert error_of(example_server, "POST", f"/v2/models/add_sub/versions/{big}/infer",
+                    b'{"inputs": []}') == (400, expected)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/v2/models/no_such_model/stats",
+                                  "/v2/models/add_sub/versions/7/stats"])  # fmt: skip
+def test_statistics_of_an_unknown_model_or_version(example_server: RunningServer,
+                                                   path: str) -> None:  # fmt: skip
+    expected = {
+        "no_such_model": "requested model 'no_such_model' is not available",
+        "add_sub": "requested model version is not available for model 'add_sub'",
+    }[path.split("/")[3]]
+    assert error_of(example_server, "GET", path) == (400, expected)
+
+
+@pytest.mark.parametrize("path", ["/v2/trace/setting", "/v2/models/add_sub/trace/setting",
+                                  "/v2/logging", "/v2/models/add_sub/generate"])  # fmt: skip
+def test_a_required_body_is_required(example_server: RunningServer, path: str) -> None:
+    """Triton fails to parse an empty body where it needs one; so does dlserve (with 400)."""
+    status, message = error_of(example_server, "POST", path)
+    assert status == 400 and "request JSON: it is empty" in message
 
 
 # --- inference ----------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ def test_each_grpc_method_belongs_to_its_group(grouped_server: RunningServer, pa
 
 def _http_target(template: str) -> tuple[str, str]:
     model = "double" if "/repository/" in template else "add_sub"  # add_sub stays loaded
-    path = template.format(model=model, version="1", region="r")
+    path = template.replace(":version}", "}").format(model=model, version="1", region="r")
     last = path.rsplit("/", 1)[-1]
     post = last in {"infer", "generate", "generate_stream", "register", "unregister", "index",
                     "load", "unload"}  # fmt: skip

@@ -538,7 +538,7 @@ def test_openapi_document_covers_every_route() -> None:
     document = json.loads((Path(__file__).parents[2] / "docs" / "openapi.json").read_text())
     routes = app.create_http_app(None, 1).router.routes  # type: ignore[arg-type]
     for route in routes:
-        path = route.path  # type: ignore[attr-defined]
+        path = route.path.replace(":version}", "}")  # type: ignore[attr-defined]
         if path.endswith("{action:path}"):
             prefix = path.removesuffix("{action:path}")
             assert any(p.startswith(prefix) for p in document["paths"]), path

@@ -345,13 +345,18 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
 
     # -- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
-        if name:
+        if name:  # Triton's statistics refuse an unknown model or version as INVALID_ARG
+            entry = self.manager.entry(name)
+            if entry is None or not entry.versions:
+                raise errors.InvalidArgumentError(f"requested model '{name}' is not available")
             if not version:
-                entry = self.manager.entry(name)
-                if entry is None or not entry.versions:
-                    raise self._unknown(name, version, entry)
                 return [v.stats.snapshot() for v in entry.versions.values()]
-            return [self.version(name, version).stats.snapshot()]
+            found = entry.versions.get(int(version)) if version.isdigit() else None
+            if found is None:
+                raise errors.InvalidArgumentError(
+                    f"requested model version is not available for model '{name}'"
+                )
+            return [found.stats.snapshot()]
         return [s.snapshot() for s in self.manager.all_stats()]
 
     @property

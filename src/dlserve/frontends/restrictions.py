@@ -48,7 +48,7 @@ GRPC_METHOD_GROUPS: Final[Mapping[str, str]] = {
     _TRITON + "LogSettings": "logging",
 }
 
-_MODEL: Final = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+_MODEL: Final = ("/v2/models/{model}", "/v2/models/{model}/versions/{version:version}")
 HTTP_ROUTE_GROUPS: Final[Mapping[str, str]] = {  # route path (Starlette's template) -> group
     "/v2/health/live": "health",
     "/v2/health/ready": "health",

@@ -132,10 +132,12 @@ def log_settings_update(request: Any) -> dict[str, ParamValue]:
     for key, value in request.settings.items():
         if key == "log_file":
             raise UnsupportedError("log file location can not be updated through network protocol")
+        if key not in _LOG_SETTING_KINDS:
+            continue  # Triton reads only the settings it knows
         which = value.WhichOneof("parameter_choice")
-        expected, noun = _LOG_SETTING_KINDS.get(key, (which, ""))
-        if which is None or which != expected:
-            raise InvalidArgumentError(f"expect {noun or 'a value'} for '{key}'")
+        expected, noun = _LOG_SETTING_KINDS[key]
+        if which != expected:
+            raise InvalidArgumentError(f"expect {noun} for '{key}'")
         updates[key] = getattr(value, which)
     log_format = updates.get("log_format", "default")
     if log_format not in ("default", "ISO8601"):

@@ -22,6 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 from dlserve.core.streams import StreamItem
 from dlserve.errors import InvalidArgumentError
 from dlserve.frontends.grpc import shm
+from dlserve.frontends.requests import checked_version
 from dlserve.tensors import dtypes
 from dlserve.types import (
     InferRequest,
@@ -251,7 +252,7 @@ def infer_request_from_message(
         raws = [memoryview(raw) for raw in message.raw_input_contents]
     params = params_from_message(message.parameters) if message.parameters else {}
     return InferRequest(
-        message.model_name, message.model_version, message.id,
+        message.model_name, checked_version(message.model_version), message.id,
         _input_tensors(message, raws), _requested_outputs(message), params,
     )  # fmt: skip
 

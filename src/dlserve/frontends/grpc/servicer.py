@@ -22,20 +22,17 @@ from tritonclient.grpc import service_pb2 as pb
 from dlserve.core.service import InferenceService
 from dlserve.core.tracer import Trace
 from dlserve.errors import (
-    CancelledError,
-    DeadlineExceededError,
     DecoupledModelError,
     DlserveError,
     InvalidArgumentError,
-    ModelError,
     UnsupportedError,
-    WorkerDiedError,
 )
 from dlserve.frontends.grpc import control, convert, health, shm
 from dlserve.frontends.grpc.calls import Context, Method, Parts
 from dlserve.frontends.grpc.errors import error_message
 from dlserve.frontends.grpc.outbox import Outbox
 from dlserve.frontends.grpc.transport import GrpcServer, TlsOptions
+from dlserve.frontends.requests import checked_version, of_inference
 from dlserve.frontends.restrictions import GRPC_METHOD_GROUPS, Restrictions, group_of
 from dlserve.types import InferRequest, Peer
 
@@ -46,9 +43,6 @@ STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
 
 EMPTY_FINAL: Final = "triton_enable_empty_final_response"  # a request parameter
 GRPC_ERROR_HEADER: Final = "triton_grpc_error"  # "true": an error of inference ends a stream
-# Failures of a request its model was given (it raised or answered with an error, its
-# instance died, a deadline passed, it was cancelled); other errors refuse a request.
-_INFERENCE_ERRORS: Final = (ModelError, WorkerDiedError, DeadlineExceededError, CancelledError)
 _INFER_DECOUPLED: Final = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
@@ -73,8 +67,7 @@ class StreamEnd:
 
     def ends_with(self, error: Exception) -> bool:
         """Whether ``error`` ends the stream (the first such one is kept for its status)."""
-        refused = isinstance(error, DlserveError) and not isinstance(error, _INFERENCE_ERRORS)
-        if not self.strict or refused:
+        if not self.strict or not of_inference(error):
             return False
         if self.error is None:
             self.error = error
@@ -100,17 +93,18 @@ class GrpcServicer:
         return health.check_response(self._service.ready())
 
     async def model_ready(self, request: Any, context: Any) -> Any:
-        return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
+        version = checked_version(request.version)  # a bad one is an error, as in Triton
+        return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, version))
 
     async def server_metadata(self, request: Any, context: Any) -> Any:
         return control.server_metadata_response(self._service.server_metadata())
 
     async def model_metadata(self, request: Any, context: Any) -> Any:
-        metadata = self._service.model_metadata(request.name, request.version)
+        metadata = self._service.model_metadata(request.name, checked_version(request.version))
         return control.model_metadata_response(metadata)
 
     async def model_config(self, request: Any, context: Any) -> Any:
-        config = self._service.model_config(request.name, request.version)
+        config = self._service.model_config(request.name, checked_version(request.version))
         return pb.ModelConfigResponse(config=config)
 
     # -- inference ----------------------------------------------------------------------
@@ -239,7 +233,7 @@ class GrpcServicer:
 
     # -- statistics and repository ------------------------------------------------------
     async def model_statistics(self, request: Any, context: Any) -> Any:
-        stats = self._service.statistics(request.name, request.version)
+        stats = self._service.statistics(request.name, checked_version(request.version))
         return control.statistics_response(stats)
 
     async def repository_index(self, request: Any, context: Any) -> Any:

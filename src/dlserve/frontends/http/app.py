@@ -20,9 +20,10 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,6 +38,7 @@ from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, RECEIVED_NS
 from dlserve.frontends.http.generate import GenerateEndpoint
 from dlserve.frontends.http.restrict import RouteGuard
 from dlserve.frontends.http.shm import CudaSharedMemoryRoutes, SystemSharedMemoryRoutes, peer_of
+from dlserve.frontends.requests import checked_version
 from dlserve.frontends.restrictions import Restrictions
 from dlserve.types import InferRequest
 
@@ -47,11 +49,27 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+# A version in a path is digits, as Triton's routes have it: /versions/-1/infer is no route.
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 _JSON = (b"content-type", b"application/json")
 _OCTETS = (b"content-type", b"application/octet-stream")
 _JOIN_LIMIT = 64 * 1024  # below this, one joined body beats several sends
 _OPENAPI = Path(__file__).resolve().parents[4] / "docs" / "openapi.json"
+
+
+class _VersionConvertor(Convertor[str]):
+    """``{version:version}``: a model version in a path, digits only (as Triton's routes)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("version", _VersionConvertor())
 
 
 def create_http_app(
@@ -131,6 +149,7 @@ class InferEndpoint:
         self, model: str, version: str, headers: bodies.Headers, receive: Receive, client: object,
         trace: Trace | None,
     ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:  # fmt: skip
+        version = checked_version(version)
         body = await bodies.read_body(receive, headers.content_length, self.limit)
         if trace is not None:
             trace.stamp("HTTP_RECV_END", time.monotonic_ns())
@@ -174,7 +193,9 @@ def _versioned(path: str, endpoint: Any, methods: list[str]) -> list[Route]:
     """A model route and its ``/versions/{version}`` twin."""
     return [
         Route(f"/v2/models/{{model}}{path}", endpoint, methods=methods),
-        Route(f"/v2/models/{{model}}/versions/{{version}}{path}", endpoint, methods=methods),
+        Route(
+            f"/v2/models/{{model}}/versions/{{version:version}}{path}", endpoint, methods=methods
+        ),
     ]
 
 
@@ -234,9 +255,13 @@ class HttpApp:
         headers = bodies.scan_headers(scope["headers"])
         return await bodies.read_body(receive, headers.content_length, self.limit)
 
-    async def _body(self, request: Request, what: str) -> convert.JsonObject:
+    async def _body(
+        self, request: Request, what: str, required: bool = False
+    ) -> convert.JsonObject:
+        """The request's JSON object; an empty body is ``{}`` unless one is ``required``
+        (where Triton fails to parse an empty one)."""
         body = await self._raw_body(request.scope, request.receive)
-        return convert.parse_json_object(body, what)
+        return convert.parse_json_object(body, what, required)
 
     async def live(self, request: Request) -> Response:
         return Response(status_code=200 if self.service.live() else 400)
@@ -303,7 +328,7 @@ class HttpApp:
     async def logging(self, request: Request) -> Response:
         if request.method == "GET":
             return _json(dict(self.service.log_settings))
-        updates = _log_updates(await self._body(request, "dynamic logging"))
+        updates = _log_updates(await self._body(request, "dynamic logging", required=True))
         return _json(self.service.update_log_settings(updates))
 
     async def trace_setting(self, request: Request) -> Response:
@@ -311,14 +336,14 @@ class HttpApp:
         if model and not self.service.model_ready(model):
             raise errors.InvalidArgumentError(f"Request for unknown model : {model}")
         if request.method == "POST":
-            body = await self._body(request, "trace")
+            body = await self._body(request, "trace", required=True)
             self.service.trace.update(model, _trace_updates(body))
         return _json(_trace_view(self.service.trace.get(model)))
 
 
 def _model(request: Request) -> tuple[str, str]:
     params = request.path_params
-    return params.get("model", ""), params.get("version", "")
+    return params.get("model", ""), checked_version(params.get("version", ""))
 
 
 def _base64(key: str, value: object) -> bytes:
@@ -354,7 +379,9 @@ def _log_updates(body: convert.JsonObject) -> dict[str, Any]:
             raise errors.UnsupportedError(
                 "log file location can not be updated through network protocol"
             )
-        expected = _LOG_TYPES.get(key, type(value))  # unknown keys: the service decides
+        expected = _LOG_TYPES.get(key)
+        if expected is None:
+            continue  # Triton reads only the settings it knows
         if type(value) is not expected or (isinstance(value, int) and value < 0):
             raise errors.InvalidArgumentError(f"invalid value for '{key}': {value!r}")
         if key == "log_format" and value not in ("default", "ISO8601"):
@@ -363,18 +390,34 @@ def _log_updates(body: convert.JsonObject) -> dict[str, Any]:
     return updates
 
 
+_TRACE_KEYS: Final = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file",
+                      "trace_mode")  # fmt: skip
+
+
 def _trace_updates(body: convert.JsonObject) -> dict[str, list[str]]:
-    """HTTP's trace settings body in the core's form: null clears, lists stay lists."""
+    """HTTP's trace settings body in the core's form, typed as Triton reads it: null
+    clears, ``trace_level`` is a list of strings, the others strings; other keys are not
+    settings (ignored, as Triton ignores them)."""
     updates: dict[str, list[str]] = {}
     for key, value in body.items():
+        if key not in _TRACE_KEYS:
+            continue
         if value is None:
             updates[key] = []
-        elif key == "trace_level" and isinstance(value, list):
-            updates[key] = [str(level) for level in value]
-        elif type(value) in (str, int):
-            updates[key] = [str(value)]
+        elif key == "trace_level":
+            if not isinstance(value, list) or not all(type(v) is str for v in value):
+                raise errors.InvalidArgumentError(
+                    f"Unable to parse '{key}': expected a list of strings, got: {value!r}"
+                )
+            updates[key] = value
+        elif type(value) is str:
+            updates[key] = [value]
+        elif key == "trace_file":
+            updates[key] = [str(value)]  # refused whatever it is (501)
         else:
-            raise errors.InvalidArgumentError(f"Unable to parse '{key}', got: {value!r}")
+            raise errors.InvalidArgumentError(
+                f"Unable to parse '{key}': expected a string, got: {value!r}"
+            )
     return updates
 
 
@@ -390,4 +433,5 @@ async def _dlserve_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return Response(error_body(exc.detail), exc.status_code, media_type="application/json")
+    return Response(error_body(exc.detail), exc.status_code, exc.headers,  # 405: Allow
+                    media_type="application/json")  # fmt: skip

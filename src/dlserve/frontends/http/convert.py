@@ -340,9 +340,13 @@ def tensor_bytes_to_json(datatype: str, data: bytes | memoryview) -> list[Any] |
 # --- other requests and replies -------------------------------------------------------------
 
 
-def parse_json_object(body: bytes | bytearray | memoryview, what: str) -> JsonObject:
-    """An optional JSON object body (empty: ``{}``)."""
+def parse_json_object(
+    body: bytes | bytearray | memoryview, what: str, required: bool = False
+) -> JsonObject:
+    """A JSON object body; an empty one is ``{}`` unless it is ``required``."""
     if not body:
+        if required:
+            raise InvalidArgumentError(f"failed to parse the {what} request JSON: it is empty")
         return {}
     try:
         value = _decode_any(body)

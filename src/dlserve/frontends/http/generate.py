@@ -14,7 +14,8 @@ itself); where names clash, the first of these wins, as in Triton.
 ``/generate`` answers once, so a decoupled model must send exactly one response.
 ``/generate_stream`` answers with server-sent events, a ``data:`` event per response and
 an ``{"error": ...}`` event per failed one; its status is that of the first response. A
-request that fails before inference gets a JSON error, as every other route.
+request that is refused (before inference: an unknown model, a bad body, inputs that do
+not fit the model) gets a JSON error, as every other route and as Triton answers it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dlserve.core.tracer import Trace
 from dlserve.frontends.http import convert
 from dlserve.frontends.http.errors import error_body, error_reply
 from dlserve.frontends.http.exchange import CANCEL_ON_CLOSE, RECEIVED_NS
+from dlserve.frontends.requests import checked_version, of_inference
 from dlserve.types import InferRequest, InferResponse, InputTensor, Parameters, TensorMetadata
 
 log = logging.getLogger("dlserve.http")
@@ -206,11 +208,12 @@ class GenerateEndpoint:
                 raise errors.InvalidArgumentError(
                     "Unsupported content-encoding, only 'identity' is supported."
                 )
+        version = checked_version(version)
         inputs = self.service.model_metadata(model, version).inputs
         raw = await self.read_body(scope, receive)
         if trace is not None:
             trace.stamp("HTTP_RECV_END", time.monotonic_ns())
-        body = convert.parse_json_object(raw, "generate")
+        body = convert.parse_json_object(raw, "generate", required=True)
         return parse_generate_request(body, model, version, inputs)
 
     async def _once(self, request: InferRequest, trace: Trace | None) -> convert.JsonObject:
@@ -252,6 +255,9 @@ class GenerateEndpoint:
             items = self.service.infer_stream(request, trace=trace)
             async with contextlib.aclosing(items):
                 async for item in items:
+                    if item.error is not None and not started and not of_inference(item.error):
+                        await _reply(send, *error_reply(item.error))  # refused: no stream
+                        return
                     if item.error is not None:
                         await event({"error": item.error.message}, FAILED)
                     elif item.response is not None:
