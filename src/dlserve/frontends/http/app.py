@@ -300,8 +300,8 @@ class HttpApp:
         return _json(convert.repository_index_json(self.service.repository_index(ready)))
 
     async def load(self, request: Request) -> Response:
-        parameters = (await self._body(request, "load model")).get("parameters") or {}
-        config = None
+        parameters = (await self._body(request, "load model")).get("parameters", {})
+        config = None  # (null parameters are refused, as Triton refuses them)
         files: dict[str, bytes] = {}
         for key, value in _object(parameters, "parameters").items():
             if key.startswith("file:"):  # a model file, base64-encoded
@@ -316,7 +316,9 @@ class HttpApp:
         return Response(status_code=200, media_type="application/json")
 
     async def unload(self, request: Request) -> Response:
-        parameters = (await self._body(request, "unload model")).get("parameters") or {}
+        parameters = (await self._body(request, "unload model")).get("parameters")
+        if parameters is None:  # null: none (Triton reads it so)
+            parameters = {}
         dependents = _object(parameters, "parameters").get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise errors.InvalidArgumentError(
@@ -363,6 +365,7 @@ def _object(value: object, what: str) -> convert.JsonObject:
     return value
 
 
+_INT32_MAX: Final = 2**31 - 1
 _LOG_TYPES: dict[str, type] = {
     "log_info": bool, "log_warning": bool, "log_error": bool, "log_verbose_level": int,
     "log_format": str,
@@ -382,7 +385,11 @@ def _log_updates(body: convert.JsonObject) -> dict[str, Any]:
         expected = _LOG_TYPES.get(key)
         if expected is None:
             continue  # Triton reads only the settings it knows
-        if type(value) is not expected or (isinstance(value, int) and value < 0):
+        if expected is int and type(value) is float and value.is_integer():
+            value = int(value)  # 3.0 is an integer in JSON
+        if type(value) is not expected or (
+            isinstance(value, int) and not 0 <= value <= _INT32_MAX  # gRPC's is a uint32
+        ):
             raise errors.InvalidArgumentError(f"invalid value for '{key}': {value!r}")
         if key == "log_format" and value not in ("default", "ISO8601"):
             raise errors.InvalidArgumentError(f"invalid argument for --log_format, got: {value}")
