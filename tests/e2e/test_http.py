@@ -460,6 +460,7 @@ def test_load_a_model_from_files(explicit_server: RunningServer) -> None:
         ),
         (b'{"parameters": {"config": "{not json"}}', 400, ""),
         (b"{", 400, "failed to parse the load model request JSON"),
+        (b'{"parameters": null}', 400, "Unable to parse 'parameters'"),  # Triton refuses it too
     ],
 )
 def test_bad_load_requests(
@@ -489,6 +490,12 @@ def test_log_settings(
     assert error_of(example_server, "POST", "/v2/logging", b'{"log_file": "/tmp/x"}')[0] == 501
     assert error_of(example_server, "POST", "/v2/logging", b'{"log_info": "yes"}')[0] == 400
     assert error_of(example_server, "POST", "/v2/logging", b'{"log_format": "xml"}')[0] == 400
+    big = b'{"log_verbose_level": 2147483648}'  # past gRPC's uint32 setting, as over gRPC
+    assert error_of(example_server, "POST", "/v2/logging", big)[0] == 400
+    # 2.0 is an integer in JSON; a key that is no setting is ignored, as Triton ignores it
+    updated = client.update_log_settings({"log_verbose_level": 2.0, "log_nope": 1})
+    assert updated["log_verbose_level"] == 2 and "log_nope" not in updated
+    client.update_log_settings({"log_verbose_level": settings["log_verbose_level"]})
 
 
 def test_trace_settings(
@@ -510,6 +517,9 @@ def test_trace_settings(
         == 400
     )
     assert error_of(example_server, "GET", "/v2/models/nope/trace/setting")[0] == 400
+    for bad in (b'{"trace_rate": 5}', b'{"trace_level": "TIMESTAMPS"}'):  # typed as Triton reads
+        assert error_of(example_server, "POST", "/v2/trace/setting", bad)[0] == 400
+    assert client.update_trace_settings(settings={"not_a_setting": {}})["trace_rate"] == "1000"
 
 
 def test_openapi_document(example_server: RunningServer) -> None:
