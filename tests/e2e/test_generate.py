@@ -127,6 +127,13 @@ def test_a_stream_that_fails_first_has_the_error_status(server: RunningServer) -
     assert status == 400 and body["error"] == event["error"]
 
 
+def test_a_stream_whose_request_is_refused_gets_a_json_error(server: RunningServer) -> None:
+    """As Triton answers a request it cannot issue: before any stream, with JSON."""
+    status, headers, raw = post(server, "/v2/models/add_sub/generate_stream", {"INPUT0": [1]})
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert "missing required input(s) ['INPUT1']" in json.loads(raw)["error"]
+
+
 @pytest.mark.parametrize(
     ("model", "body", "status", "message"),
     [
