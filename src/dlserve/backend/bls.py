@@ -85,28 +85,44 @@ def _next_reply(worker: link.WorkerLink, call: int) -> tuple[m.BlsReply, memoryv
 class ResponseIterator:
     """The responses of a BLS call to a decoupled model, the empty final one included.
 
-    The server forwards them as they come (not held back by what this iterator has taken:
-    core/bls.py says why); cancelling it, or its being collected unfinished, ends the
-    callee's request."""
+    As Triton's: it keeps every response it has given, so that once the last has come a
+    new iteration (``for`` again, after the previous one ran to its end) starts over from
+    the first; an iteration left early resumes where it stopped. The server forwards the
+    responses as they come (not held back by what this iterator has taken: core/bls.py
+    says why); cancelling it, or its being collected unfinished, ends the callee's
+    request."""
 
     def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
         self._worker = worker
         self._call = call
-        self._done = False
+        self._done = False  # no more responses will come (the final one, or cancelled)
+        self._responses: list[InferenceResponse] = []
+        self._next = 0  # once done: the index of the next response to give again
         self._inputs = inputs  # the callee may read the caller's memory until the end
 
     def __iter__(self) -> ResponseIterator:
+        if self._done and self._next >= len(self._responses):
+            self._next = 0  # the previous iteration ran to its end: start over
         return self
 
     def __next__(self) -> InferenceResponse:
         if self._done:
-            raise StopIteration
+            if self._next >= len(self._responses):
+                raise StopIteration
+            self._next += 1
+            return self._responses[self._next - 1]
         reply, payload = _next_reply(self._worker, self._call)
+        answer = response(self._worker, reply, payload)
+        self._responses.append(answer)
         if reply.final:
-            self._done = True
-            self._inputs = []
-            self._worker.close_call(self._call)
-        return response(self._worker, reply, payload)
+            self._finish()
+        return answer
+
+    def _finish(self) -> None:
+        self._done = True
+        self._next = len(self._responses)  # this iteration has given them all
+        self._inputs = []
+        self._worker.close_call(self._call)
 
     def _credit(self, msg: m.BlsCredit) -> None:
         with contextlib.suppress(ChannelClosed):  # the server is gone: nothing to tell
@@ -116,8 +132,7 @@ class ResponseIterator:
         """Stop listening: responses still coming are dropped, and the callee's request
         is cancelled (it sees ``is_cancelled()``)."""
         if not self._done:
-            self._done = True
-            self._worker.close_call(self._call)
+            self._finish()
             self._credit(m.BlsCredit(self._call, stop=True))
 
     def __del__(self) -> None:
