@@ -24,12 +24,28 @@ from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import ChannelClosed
 
+_FORKED = (
+    "{what} cannot be used in a process the model forked (multiprocessing's 'fork' start "
+    "method): that process shares its instance's connection to the server. Make the call "
+    "in the model's own process (from a thread, or with async_exec)"
+)
+_OUTSIDE_EXECUTE = "BLS is only supported during the 'execute' function."  # Triton's
+
 
 def _worker(what: str) -> link.WorkerLink:
     worker = link.current()
     if worker is None:
+        if link.forked():
+            raise TritonModelException(_FORKED.format(what=what))
         raise TritonModelException(f"{what} is only available inside a model's execute()")
     return worker
+
+
+def _serving(what: str) -> None:
+    """BLS calls are made once ``initialize`` has returned and until ``finalize`` starts
+    (from ``execute`` or from threads the model started), as in Triton."""
+    if not _worker(what).serving:
+        raise TritonModelException(_OUTSIDE_EXECUTE)
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -142,6 +158,7 @@ class ResponseIterator:
 
 
 def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator:
+    _serving("InferenceRequest.exec()")
     if not decoupled:
         started = start_direct(request)
         if started is not None:
@@ -162,6 +179,7 @@ async def async_execute(
     request: InferenceRequest, decoupled: bool
 ) -> InferenceResponse | ResponseIterator:
     """As :func:`execute`; the wait runs in a thread so the model's loop goes on."""
+    _serving("InferenceRequest.async_exec()")
     if not decoupled:
         started = start_direct(request)
         if started is not None:

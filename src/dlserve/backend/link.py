@@ -22,6 +22,7 @@ process-wide default, so that threads the model starts find it.
 from __future__ import annotations
 
 import itertools
+import os
 import select
 import socket
 import threading
@@ -72,7 +73,10 @@ class WorkerLink(FlowControl):
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
         self._call_stops: deque[int] = deque()  # decoupled BLS calls nobody listens to now
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
-        self.upstream: list[str] = []  # BLS: the models upstream of the request executing
+        self.upstream: list[str] = []  # BLS: the instances upstream of the request executing
+        self.instance = ""  # this instance in a BLS call chain (``m.chain_entry``)
+        # between the end of initialize and the start of finalize: BLS calls may be made
+        self.serving = False
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
         # flow control: decoupled requests' responses not yet taken by the consumer, by rid
         self._windows: dict[int, Window] = {}
@@ -420,3 +424,25 @@ def current() -> WorkerLink | None:
     """This thread's link, else the process default; None outside a worker."""
     link: WorkerLink | None = getattr(_local, "link", None)
     return link if link is not None else _process_link
+
+
+_forked = False  # this process is a copy of a worker, forked by the model's code
+
+
+def forked() -> bool:
+    """Whether this process was forked from a worker (``multiprocessing`` with its default
+    'fork' start method, inside ``execute``): it has no link of its own."""
+    return _forked
+
+
+def _drop_links_in_child() -> None:
+    """A forked copy of a worker shares the worker's sockets: a frame it sent would mix
+    with the worker's, and an answer it read would be lost to the worker. So it has no
+    link at all, and what needs the server fails at once in it (``forked()`` says why)."""
+    global _forked, _process_link, _local
+    _forked = True
+    _process_link = None
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_drop_links_in_child)

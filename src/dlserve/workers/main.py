@@ -42,6 +42,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _default_signals() -> None:
+    """A process the model forks (multiprocessing's 'fork' start method) is the model's,
+    not the server's: SIGTERM ends it again (``Pool.terminate`` waits for that), SIGINT
+    raises KeyboardInterrupt, as in any Python program."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def install_pb_utils() -> None:
     """Make ``import triton_python_backend_utils`` find dlserve's implementation."""
     sys.modules["triton_python_backend_utils"] = backend
@@ -65,6 +73,7 @@ def load(
         runner.finalize()
         worker.send(m.LoadFailed(message=str(exc)))
         return None
+    worker.serving = msg.initialize
     worker.send(m.Loaded(config_json=json.dumps(runner.config), pid=os.getpid()))
     return runner
 
@@ -103,6 +112,7 @@ class _Serving:
         except ChannelClosed:
             pass
         finally:
+            self.worker.serving = False  # no BLS while the model finalizes
             if self.runner is not None:
                 self.runner.finalize()
             for arena in self.arenas:
@@ -141,6 +151,7 @@ class _Serving:
         elif isinstance(msg, m.Shutdown):
             self.worker.served.close_all()  # direct callers go through the server now
             runner, self.runner = self.runner, None
+            self.worker.serving = False  # no BLS while the model finalizes
             if runner is not None:
                 runner.finalize()
             self.worker.send(m.Closed())
@@ -163,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     # whose server dies gets SIGKILL (_die_with_parent).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.register_at_fork(after_in_child=_default_signals)
     install_pb_utils()
     heap.keep_large_buffers()  # a model's large outputs reuse their pages request to request
     sock = socket.socket(fileno=args.fd)
