@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
 from dlserve.core.direct import DirectLinks
+from dlserve.core.scheduler import TIMEOUT
 from dlserve.core.sequence_config import (
     FLAG_END,
     FLAG_START,
@@ -315,9 +316,11 @@ def _return_lent(response: InferResponse | None) -> None:
 
 
 def _parameters(msg: m.BlsCall) -> dict[str, ParamValue]:
-    """A BLS request's parameters, with its correlation id and flags as a client would
-    send them (the callee's scheduler takes them out again)."""
+    """A BLS request's parameters, with its timeout, correlation id and flags as a client
+    would send them (the callee's scheduler takes them out again)."""
     params: dict[str, ParamValue] = dict(msg.parameters)
+    if msg.timeout_us > 0:
+        params[TIMEOUT] = msg.timeout_us
     if msg.correlation_id or msg.flags:
         params[SEQUENCE_ID] = msg.correlation_id
         params[SEQUENCE_START] = bool(msg.flags & FLAG_START)

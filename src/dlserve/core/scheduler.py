@@ -108,7 +108,7 @@ class Scheduler:
             request_id, inputs, outputs, params,
             lease.inputs if lease is not None else NO_SPANS,
             lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
-            correlation_id, flags,
+            correlation_id, flags, timeout_us=timeout_us,
         )  # fmt: skip
         future: asyncio.Future[WorkerReply | None] = self._loop.create_future()
         return Job(item, batch, level, now, deadline, future, lease, keep)

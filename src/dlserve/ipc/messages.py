@@ -79,6 +79,7 @@ class Infer(_Msg, tag=2):
     # read; ``fenced``: the reply may carry the callee's own fences instead of its waits
     fences: list[Fence] = []
     fenced: bool = False
+    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
 
 
 class Cancel(_Msg, tag=7):
@@ -166,11 +167,12 @@ class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     outputs: list[str]
     parameters: dict[str, ParamValue] = {}
     output_regions: list[TensorRef] = []
-    chain: list[str] = []  # BLS: the models upstream of this request, callers first
+    chain: list[str] = []  # BLS: the instances upstream of it (chain_entry), callers first
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
+    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
 
 
 class InferBatch(_Msg, tag=20):

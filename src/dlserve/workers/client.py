@@ -54,11 +54,12 @@ class WorkItem:
     parameters: dict[str, m.ParamValue]
     input_spans: Mapping[str, Span] = field(default_factory=dict)
     output_spans: Mapping[str, Span] = field(default_factory=dict)
-    chain: list[str] = field(default_factory=list)  # BLS: the models upstream of it
+    chain: list[str] = field(default_factory=list)  # BLS: the instances upstream of it
     lend: bool = False  # BLS: outputs stay in the worker's memory for the caller to map
     correlation_id: int | str = 0  # the sequence id (0: none)
     flags: int = 0  # SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace (0: not traced): request.trace() names it
+    timeout_us: int = 0  # the request's timeout (0: none): request.timeout() returns it
 
 
 ReplyCallback = Callable[[Outcome], None]

@@ -297,6 +297,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             request._correlation_id, request._flags = msg.correlation_id, msg.flags
         if msg.trace_id:
             request._trace = pb_utils.InferenceTrace(msg.trace_id)
+        request._timeout = msg.timeout_us  # Triton's request.timeout(): microseconds
         if self.iterative:
             request._reschedulable = True
         if msg.output_regions:
