@@ -78,7 +78,7 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     call = worker.next_call_id()
     msg = _call_message(request, call, decoupled)
     msg.inputs = refs
-    msg.chain = [*worker.upstream, worker.model_name]  # this model is upstream of the callee
+    msg.chain = [*worker.upstream, worker.instance]  # this instance waits for the callee
     worker.open_call(call)
     try:
         worker.send(msg, payload)

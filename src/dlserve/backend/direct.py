@@ -44,17 +44,18 @@ class CallSpec(msgspec.Struct, gc=False):
     request_id: str
     outputs: list[str]
     parameters: dict[str, m.ParamValue]
-    chain: list[str]  # the models upstream of the callee, this one last
+    chain: list[str]  # the instances upstream of the callee (m.chain_entry), this one last
 
 
 class Connection:
     """The caller's end of a socket to one callee instance."""
 
-    def __init__(self, fd: int, instance: m.DirectInstance, spin_ns: int) -> None:
+    def __init__(self, fd: int, instance: m.DirectInstance, spin_ns: int, entry: str) -> None:
         self.channel: BlockingChannel[m.WorkerToServer] = BlockingChannel(
             socket.socket(fileno=fd), codec.to_server, spin_ns
         )
         self.instance = instance
+        self.entry = entry  # the instance as a call chain names it
         self.busy = threading.Lock()  # held by the call using it
         self.returns: deque[int] = deque()  # lent outputs given back: offset, or -lend id
         self.lent = 0  # outputs lent over it not given back yet (changed while ``busy``)
@@ -116,12 +117,15 @@ class Target:
             self._passed[form] = batch
         return batch
 
-    def take(self, device: int | None) -> Connection | None:
-        """A free connection, on ``device`` where one is; None when all are busy."""
+    def take(self, device: int | None, chain: list[str]) -> Connection | None:
+        """A free connection, on ``device`` where one is, to an instance not in the call's
+        ``chain`` (each there waits for this call); None when all such are busy."""
         ordered = self.connections
         if device is not None and len(ordered) > 1:
             ordered = sorted(ordered, key=lambda c: c.instance.device != device)
         for conn in ordered:
+            if conn.entry in chain:
+                continue
             if not conn.closed and conn.busy.acquire(blocking=False):
                 return conn
         return None
@@ -200,7 +204,10 @@ class DirectCalls:
             return msg.error if msg.lasting else None
         self.arenas = (msg.arena_ids, msg.arena_paths)
         spin = link.spin_ns
-        connections = [Connection(fd, i, spin) for fd, i in zip(fds, msg.instances, strict=True)]
+        connections = [
+            Connection(fd, i, spin, m.chain_entry(model, msg.model_version, i.name))
+            for fd, i in zip(fds, msg.instances, strict=True)
+        ]
         self.active = True
         return Target(model, msg, connections)
 

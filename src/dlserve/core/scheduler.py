@@ -130,8 +130,8 @@ class Scheduler:
 
     async def _run(self, job: Job) -> WorkerReply | None:
         worker = None
-        if self._direct and not len(self.queue):
-            worker = self._free_worker(job.device)
+        if self._direct and not len(self.queue) and not _expired(job):
+            worker = self._free_worker(job.device, job.item.chain)
         if worker is not None:
             self._send(worker, [job])  # the fast path: nothing waits, an instance is free
         else:
@@ -165,7 +165,7 @@ class Scheduler:
             fail_job(job, errors.UnavailableError(TIMEOUT_EXPIRED))
         wait = 0
         while (head := self.queue.head()) is not None:
-            worker = self._free_worker(head.device)
+            worker = self._free_worker(head.device, head.item.chain)
             if worker is None:
                 if not self._any_live():  # every instance is down: nothing would run these
                     failure = errors.UnavailableError(
@@ -187,20 +187,30 @@ class Scheduler:
     def _any_live(self) -> bool:
         return any(w is not None and w.alive for w in self.pool.workers)
 
-    def _free_worker(self, device: int | None) -> WorkerBase | None:
+    def _free_worker(self, device: int | None, chain: list[str]) -> WorkerBase | None:
         """A free instance for a batch whose head request has its CUDA input on GPU
         ``device``: one on that GPU when the model has any there (waiting for it if they
-        are busy), else any (the request crosses devices: said once, and counted)."""
+        are busy), else any (the request crosses devices: said once, and counted). Never
+        one in the head's BLS call ``chain``: it waits for that request (it may look free
+        here when it runs a call sent to it directly by another worker)."""
         if device is not None:
             on_device = self.pool.on_device(device)
+            if chain:
+                on_device = [w for w in on_device if not self.pool.upstream(w, chain)]
             if on_device:
                 free = next((w for w in on_device if w not in self._busy), None)
                 return free if free is not None or len(on_device) > 1 else self._sole(on_device[0])
         workers = self.pool.workers
         for worker in workers:
-            if worker is not None and worker.alive and worker not in self._busy:
+            if (
+                worker is not None and worker.alive and worker not in self._busy
+                and (not chain or not self.pool.upstream(worker, chain))
+            ):  # fmt: skip
                 return worker
-        return self._sole(workers[0]) if len(workers) == 1 else None
+        sole = workers[0] if len(workers) == 1 else None
+        if sole is not None and not (chain and self.pool.upstream(sole, chain)):
+            return self._sole(sole)
+        return None
 
     def _sole(self, worker: WorkerBase | None) -> WorkerBase | None:
         """The model's one instance (or the one on the request's GPU), busy: the request
@@ -367,6 +377,13 @@ class Scheduler:
         for job in self.queue.all():
             fail_job(job, failure)
         self.stats.pending = 0
+
+
+def _expired(job: Job) -> bool:
+    """Whether ``job``'s timeout passed before it could be sent (a timeout of a few
+    microseconds): it goes through the queue, whose policy acts on it (REJECT refuses it,
+    DELAY puts it behind the others), as Triton's batcher does."""
+    return 0 < job.deadline_ns < time.monotonic_ns()
 
 
 def fail_job(job: Job, exc: errors.DlserveError) -> None:

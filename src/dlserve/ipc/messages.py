@@ -42,6 +42,18 @@ __all__ = [
     "_Msg",
 ]  # re-exported: every message is imported from here
 
+
+def chain_entry(model_name: str, model_version: int, instance_name: str) -> str:
+    """An instance in a BLS call chain (``Infer.chain``): the model, its version and the
+    instance. A model's name has no '/', so :func:`chain_model` reads it back."""
+    return f"{model_name}/{model_version}/{instance_name}"
+
+
+def chain_model(entry: str) -> str:
+    """The model of a :func:`chain_entry`."""
+    return entry.split("/", 1)[0]
+
+
 # ---- server -> worker -----------------------------------------------------------------
 
 
@@ -70,7 +82,7 @@ class Infer(_Msg, tag=2):
     release: list[int] = []  # output-arena offsets the server is done with
     # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
     output_regions: list[TensorRef] = []
-    chain: list[str] = []  # BLS: the models upstream of this request, callers first
+    chain: list[str] = []  # BLS: the instances upstream of it (chain_entry), callers first
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
@@ -300,7 +312,7 @@ class BlsCall(_Msg, tag=105):
     parameters: dict[str, ParamValue] = {}
     timeout_us: int = 0  # 0: none
     decoupled: bool = False  # the caller iterates over the responses
-    chain: list[str] = []  # the models upstream of this call, the caller last
+    chain: list[str] = []  # the instances upstream of this call (chain_entry), the caller last
     correlation_id: int | str = 0  # the request's correlation_id() (0: none)
     flags: int = 0  # its flags(): SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # trace=request.trace(): the caller's trace id (0: not traced)

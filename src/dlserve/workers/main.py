@@ -59,6 +59,8 @@ def load(
     worker: WorkerLink, msg: m.Load, runner: ModelRunner | None, arenas: Arenas
 ) -> ModelRunner | None:
     worker.model_name = msg.model_name
+    worker.instance = m.chain_entry(msg.model_name, msg.model_version, msg.instance_name)
+    worker.serving = False  # no BLS while the model initializes
     if runner is not None:
         runner.update(msg)
     else:
