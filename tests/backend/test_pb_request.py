@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,21 +39,28 @@ def test_request_accessors() -> None:
     assert request.flags() == 2
 
 
+def bls_request(**kwargs: Any) -> pb_utils.InferenceRequest:
+    """A BLS request of model "m" with what Triton requires, and ``kwargs``."""
+    return pb_utils.InferenceRequest(
+        **{"model_name": "m", "inputs": [], "requested_output_names": [], **kwargs}
+    )
+
+
 def test_request_refusals() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
-        pb_utils.InferenceRequest(model_name="m", correlation_id=1.5)  # type: ignore[arg-type]
+        bls_request(correlation_id=1.5)
     with pytest.raises(pb_utils.TritonModelException, match="keys to have type str"):
-        pb_utils.InferenceRequest(model_name="m", parameters={1: "x"})
+        bls_request(parameters={1: "x"})
     with pytest.raises(pb_utils.TritonModelException, match="bool/int/float/str"):
-        pb_utils.InferenceRequest(model_name="m", parameters={"x": [1]})
+        bls_request(parameters={"x": [1]})
     with pytest.raises(pb_utils.TritonModelException, match="only available inside"):
-        pb_utils.InferenceRequest(model_name="m").exec()
+        bls_request().exec()
     with pytest.raises(pb_utils.TritonModelException, match="decoupled transaction policy"):
-        pb_utils.InferenceRequest(model_name="m").get_response_sender()
+        bls_request().get_response_sender()
 
 
 def test_response_sender_sends_until_the_final_flag() -> None:
-    request = pb_utils.InferenceRequest(model_name="m")
+    request = bls_request()
     sent: list[tuple[object, int]] = []
     sender = pb_utils.InferenceResponseSender(request, lambda r, f: sent.append((r, f)))
     request._sender = sender
@@ -89,11 +97,13 @@ def test_response_with_error() -> None:
 
 
 def test_response_refusals() -> None:
-    with pytest.raises(pb_utils.TritonModelException, match="must be a list"):
+    """As pybind11 refuses arguments of the wrong type in Triton: TypeError."""
+    incompatible = "incompatible constructor arguments"
+    with pytest.raises(TypeError, match=incompatible):
         pb_utils.InferenceResponse(output_tensors="OUTPUT0")  # type: ignore[arg-type]
-    with pytest.raises(pb_utils.TritonModelException, match=r"pb_utils\.Tensor objects"):
+    with pytest.raises(TypeError, match=incompatible):
         pb_utils.InferenceResponse(output_tensors=[np.zeros(1)])  # type: ignore[list-item]
-    with pytest.raises(pb_utils.TritonModelException, match="TritonError"):
+    with pytest.raises(TypeError, match=incompatible):
         pb_utils.InferenceResponse(error=ValueError("x"))  # type: ignore[arg-type]
 
 

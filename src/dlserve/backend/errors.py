@@ -8,9 +8,15 @@ models raise) for a failure inside the model.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
+from dlserve.backend import arguments
 from dlserve.errors import ErrorCode
+
+_ERROR_SIGNATURE: Final = (
+    f"{arguments.MODULE}.TritonError(message: str, code: {arguments.MODULE}.TritonError."
+    "__ErrorCode = <__ErrorCode.INTERNAL: 1>)"
+)
 
 
 class TritonError(Exception):
@@ -25,11 +31,15 @@ class TritonError(Exception):
     ALREADY_EXISTS: ClassVar[int] = 6
     CANCELLED: ClassVar[int] = 7
 
-    def __init__(self, message: str, code: int = 1) -> None:
-        if not isinstance(message, str):
-            raise TypeError(f"TritonError message must be a str, not {type(message).__name__}")
-        if isinstance(code, bool) or not isinstance(code, int) or code not in _CODES:
-            raise TypeError(f"TritonError code must be one of TritonError's codes, not {code!r}")
+    def __init__(self, message: str | bytes, code: int = 1) -> None:
+        try:
+            message = arguments.text(message, "TritonError's message", message=True)
+            if isinstance(code, bool) or not isinstance(code, int) or code not in _CODES:
+                raise arguments.NotText
+        except arguments.NotText:
+            raise arguments.incompatible(
+                "__init__", _ERROR_SIGNATURE, {"message": message, "code": code}
+            ) from None
         super().__init__(message)
         self._message = message
         self._code = int(code)
@@ -61,9 +71,12 @@ _CODES: dict[int, ErrorCode] = {
 
 
 class TritonModelException(Exception):
-    """Raised by models (and by pb_utils) for a failure inside the model."""
+    """Raised by models (and by pb_utils) for a failure inside the model. Any object is a
+    message (it is an exception): bytes are read as UTF-8 text, the rest as ``str()``."""
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: object = "") -> None:
+        if isinstance(message, bytes | bytearray):
+            message = message.decode(errors="replace")
         super().__init__(message)
         self._message = str(message)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
+from dlserve.backend import arguments
 from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.tensor import Tensor
 
@@ -13,14 +14,19 @@ ParamValue = bool | int | float | str
 
 
 def _parameters_json(parameters: Mapping[str, Any] | str | None) -> str:
-    """Triton's JSON form of request/response parameters, checked as Triton checks them.
+    """Triton's JSON form of request/response parameters, checked as Triton checks them
+    (with its messages), and so that every value can travel in a frame.
 
-    dlserve also takes float values (both wire protocols carry them).
+    dlserve also takes float values (both wire protocols carry them), and the JSON text
+    of an object (what ``request.parameters()`` returns).
     """
     if not parameters:
         return "{}"
     if isinstance(parameters, str):
-        return parameters
+        try:
+            parameters = json.loads(parameters)
+        except ValueError as exc:
+            raise TritonModelException(f"parameters are not a JSON object: {exc}") from None
     if not isinstance(parameters, Mapping):
         raise TritonModelException(
             f"Expect parameters to be a dict, got {type(parameters).__name__}"
@@ -28,14 +34,28 @@ def _parameters_json(parameters: Mapping[str, Any] | str | None) -> str:
     for key, value in parameters.items():
         if not isinstance(key, str):
             raise TritonModelException(
-                f"Expect parameters keys to have type str, found type {type(key).__name__}"
+                f"Expect parameters keys to have type str, found type {type(key)}"
             )
         if not isinstance(value, bool | int | float | str):
             raise TritonModelException(
-                "Expect parameters values to have type bool/int/float/str, found type "
-                f"{type(value).__name__}"
+                f"Expect parameters values to have type bool/int/float/str, found type "
+                f"{type(value)}"
             )
+        _check_parameter(key, value)
     return json.dumps(dict(parameters))
+
+
+def _check_parameter(key: str, value: ParamValue) -> None:
+    """What a frame cannot carry: text that is not UTF-8, integers beyond 64 bits."""
+    for piece in (key, value) if isinstance(value, str) else (key,):
+        try:
+            arguments.text(piece, "a parameter")
+        except arguments.NotText:
+            raise TritonModelException(
+                f"parameter '{key.encode(errors='replace').decode()}' is not valid UTF-8 text"
+            ) from None
+    if type(value) is int and not arguments.INT64[0] <= value <= arguments.UINT64[1]:
+        raise TritonModelException(f"parameter '{key}': {value} does not fit in a 64-bit integer")
 
 
 class InferenceTrace:
@@ -57,22 +77,79 @@ class InferenceTrace:
 NOT_TRACED = InferenceTrace()
 
 
-def _tensors(tensors: Sequence[Tensor], what: str) -> list[Tensor]:
+def _tensors(tensors: object) -> list[Tensor | None]:
+    """A ``std::vector<Tensor>`` argument: a sequence of Tensors (raises NotText: it does
+    not convert). A None in it is left for the caller's check (Triton's
+    TritonModelException)."""
     kind = type(tensors)
-    # a list or tuple (the usual case) needs no look at the Sequence ABC
-    if (
+    if (  # a list or tuple (the usual cases) needs no look at the Sequence ABC
         kind is not list
         and kind is not tuple
         and (isinstance(tensors, str | bytes) or not isinstance(tensors, Sequence))
     ):
-        raise TritonModelException(f'"{what}" must be a list.')
-    result = list(tensors)
+        raise arguments.NotText
+    result: list[Tensor | None] = list(tensors)  # type: ignore[call-overload]
     for tensor in result:
-        if not isinstance(tensor, Tensor):
-            raise TritonModelException(
-                f'"{what}" must hold pb_utils.Tensor objects, found {type(tensor).__name__}'
-            )
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise arguments.NotText
     return result
+
+
+_REQUEST_SIGNATURE: Final = (
+    f"{arguments.MODULE}.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
+    f"inputs: List[{arguments.MODULE}.Tensor], requested_output_names: List[str], "
+    "model_name: str, model_version: int = -1, flags: int = 0, timeout: int = 0, "
+    f"preferred_memory: {arguments.MODULE}.PreferredMemory = PreferredMemory(), "
+    f"trace: {arguments.MODULE}.InferenceTrace = InferenceTrace(), parameters: object = None)"
+)
+_RESPONSE_SIGNATURE: Final = (
+    f"{arguments.MODULE}.InferenceResponse(output_tensors: List[{arguments.MODULE}.Tensor] "
+    f"= [], error: {arguments.MODULE}.TritonError = None, parameters: object = None)"
+)
+
+
+class _Required:
+    """The default of an argument Triton requires (there is none: leaving it out is
+    pybind11's TypeError)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Required()
+
+
+# the constructor's arguments, in order, and their defaults (_REQUIRED: none)
+_REQUEST_ARGUMENTS: Final[dict[str, object]] = {
+    "request_id": "", "correlation_id": 0, "inputs": _REQUIRED,
+    "requested_output_names": _REQUIRED, "model_name": _REQUIRED, "model_version": -1,
+    "flags": 0, "timeout": 0, "preferred_memory": None, "trace": None, "parameters": None,
+}  # fmt: skip
+
+
+def _given(local: dict[str, Any]) -> dict[str, object]:
+    """The arguments a constructor call was given, for pybind11's message (those left out,
+    or at their defaults, are not shown)."""
+    given = {}
+    for key, default in _REQUEST_ARGUMENTS.items():
+        value = local[key]
+        if value is not _REQUIRED and not (type(value) is type(default) and value == default):
+            given[key] = value
+    return given
+
+
+def _correlation_id(value: object) -> int | str:
+    """Triton's correlation id: an unsigned 64-bit int or a string."""
+    if isinstance(value, int) and arguments.UINT64[0] <= value <= arguments.UINT64[1]:
+        return int(value)  # a bool is an int to pybind11: its number goes on
+    if isinstance(value, str):
+        try:
+            return arguments.text(value, "correlation_id")
+        except arguments.NotText:
+            pass
+    elif value is None:
+        raise arguments.incompatible("__init__", _REQUEST_SIGNATURE, {"correlation_id": value})
+    raise TritonModelException("Correlation ID must be integer or string")
 
 
 _RELEASE_ALL = 1  # TRITONSERVER_REQUEST_RELEASE_ALL
@@ -89,34 +166,48 @@ class InferenceRequest:
 
     def __init__(
         self,
-        model_name: str = "",
-        inputs: Sequence[Tensor] = (),
-        requested_output_names: Sequence[str] = (),
-        request_id: str = "",
+        request_id: str | bytes = "",
         correlation_id: int | str = 0,
-        flags: int = 0,
+        inputs: Sequence[Tensor] = _REQUIRED,
+        requested_output_names: Sequence[str | bytes] = _REQUIRED,
+        model_name: str | bytes = _REQUIRED,
         model_version: int = -1,
+        flags: int = 0,
         timeout: int = 0,
         preferred_memory: object = None,
         trace: object = None,
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
-        if not isinstance(correlation_id, int | str):
-            raise TritonModelException("Correlation ID must be integer or string")
-        self._model_name = model_name
-        self._inputs = _tensors(inputs, "inputs")
-        self._requested_output_names = list(requested_output_names)
-        self._request_id = request_id
-        self._correlation_id = correlation_id
-        self._flags = flags
-        self._model_version = model_version
-        self._timeout = timeout
+        """Triton's constructor, its arguments in its order: ``inputs``,
+        ``requested_output_names`` and ``model_name`` are required; names may be bytes."""
+        try:
+            self._model_name = arguments.text(model_name, "model_name")
+            self._request_id = arguments.text(request_id, "request_id")
+            self._requested_output_names = arguments.texts(
+                requested_output_names, "requested_output_names"
+            )
+            self._model_version = arguments.integer(model_version, arguments.INT64)
+            self._flags = arguments.integer(flags, arguments.UINT32)
+            self._timeout = arguments.integer(timeout, arguments.UINT64)
+            self._inputs: list[Tensor] = _tensors(inputs)  # type: ignore[assignment]
+        except arguments.NotText:
+            raise arguments.incompatible("__init__", _REQUEST_SIGNATURE, _given(locals())) from None
+        self._correlation_id = _correlation_id(correlation_id)
+        self._check_names()
         self._trace = trace
         self._parameters = _parameters_json(parameters)
         self._preferred_memory = preferred_memory
         self._cancelled = False
         self._sender: InferenceResponseSender | None = None
         self._poll: Callable[[], None] | None = None  # reads a Cancel that has arrived
+
+    def _check_names(self) -> None:
+        """Triton's checks of the inputs and the requested outputs."""
+        which = f"request with id '{self._request_id}' and model name '{self._model_name}'"
+        if None in self._inputs:
+            raise TritonModelException(f"Input tensor for {which} should not be empty.")
+        if "" in self._requested_output_names:
+            raise TritonModelException(f"Requested output name for {which} should not be empty.")
 
     @classmethod
     def _received(
@@ -283,14 +374,19 @@ class InferenceResponse:
         error: TritonError | str | None = None,
         parameters: Mapping[str, Any] | str | None = None,
     ) -> None:
-        if isinstance(error, str):
+        """``error``: a TritonError (dlserve also takes its message as text)."""
+        if isinstance(error, str | bytes):
             error = TritonError(error)
-        if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException(
-                f"InferenceResponse error must be a pb_utils.TritonError, not "
-                f"{type(error).__name__}"
-            )
-        self._output_tensors = _tensors(output_tensors, "output_tensors")
+        try:
+            if error is not None and not isinstance(error, TritonError):
+                raise arguments.NotText
+            tensors = _tensors(output_tensors)
+        except arguments.NotText:
+            given = {"output_tensors": output_tensors, "error": error}
+            raise arguments.incompatible("__init__", _RESPONSE_SIGNATURE, given) from None
+        if None in tensors:
+            raise TritonModelException("Output tensor for inference response should not be empty.")
+        self._output_tensors: list[Tensor] = tensors  # type: ignore[assignment]
         self._error = error
         self._parameters = _parameters_json(parameters)
 

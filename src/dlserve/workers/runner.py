@@ -159,7 +159,10 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             raise LoadError(
                 "auto_complete_config must return the pb_utils.ModelConfig it was given"
             )
-        return completed.as_dict()
+        # as Triton's stub, through JSON: what JSON cannot hold (a bytes name, say) fails
+        # the load here with json's TypeError, not the Loaded frame that carries the config
+        completed_config: dict[str, Any] = json.loads(json.dumps(completed.as_dict()))
+        return completed_config
 
     def initialize_args(self) -> dict[str, str]:
         load = self.load
