@@ -69,6 +69,9 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     except ChannelClosed:
         worker.close_call(call)
         raise TritonModelException("the connection to the server is closed") from None
+    except BaseException:  # the frame could not be sent (frames.sendable says why)
+        worker.close_call(call)
+        raise
     return worker, call
 
 

@@ -22,6 +22,7 @@ process-wide default, so that threads the model starts find it.
 from __future__ import annotations
 
 import itertools
+import os
 import select
 import socket
 import threading
@@ -30,11 +31,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from dlserve.backend import cuda_peers
+from dlserve.backend import cuda_peers, frames
 from dlserve.backend.direct import DirectCalls
 from dlserve.backend.direct_serving import Served, ServedCalls, receive_fds
 from dlserve.backend.errors import TritonModelException
 from dlserve.backend.link_flow import FlowControl, Window
+from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 
@@ -79,14 +81,16 @@ class WorkerLink(FlowControl):
         self.stopping = False  # Shutdown has come: a send held back is given up
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
-        """Send one frame; raises ChannelClosed when the server has gone away."""
+        """Send one frame; raises ChannelClosed when the server has gone away. A reply that
+        cannot be encoded goes as its request's error; another frame that cannot be, as
+        TritonModelException (``frames.sendable``)."""
         with self._send_lock:
             try:
                 records = self.direct.take_records()
                 if not records:  # the usual: one frame as it is
-                    self._channel.send(message, payload)
+                    self._send_one(message, payload)
                 else:
-                    self._channel.send_many(_with_records([(message, payload)], records))
+                    self._send_frames(_with_records([(message, payload)], records))
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
@@ -99,12 +103,29 @@ class WorkerLink(FlowControl):
         with self._send_lock:
             try:
                 records = self.direct.take_records()
-                self._channel.send_many(_with_records(frames, records) if records else frames)
+                self._send_frames(_with_records(frames, records) if records else frames)
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
         self.direct.flush()
+
+    def _send_one(self, message: m._Msg, payload: Sequence[bytes | memoryview]) -> None:
+        try:
+            self._channel.send(message, payload)
+        except codec.UnencodableFrame as failed:
+            self._channel.send(frames.sendable(failed, self.model_name, self.on_release))
+
+    def _send_frames(self, batch: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
+        """``batch`` in one system call; those that cannot be encoded replaced first."""
+        for _ in range(len(batch)):
+            try:
+                self._channel.send_many(batch)
+                return
+            except codec.UnencodableFrame as failed:
+                substitute = frames.sendable(failed, self.model_name, self.on_release)
+                batch = frames.replace(batch, failed, substitute)
+        self._channel.send_many(batch)
 
     def _send_pending(self) -> None:
         """What waits to ride along with a frame: peer releases, BLS call stops."""
@@ -193,9 +214,22 @@ class WorkerLink(FlowControl):
             self._stop_reading()
         try:
             return source.channel.recv(), source
+        except codec.UnreadableFrame as bad:  # that call fails; the connection goes on
+            self._answer_unreadable(source, bad)
+            return None
         except (ChannelClosed, OSError):
             self.served.lost(source, self.on_release)
             return None
+
+    def _answer_unreadable(self, source: Served, bad: codec.UnreadableFrame) -> None:
+        reply = frames.error_reply(bad, "a direct caller")
+        if reply is None:
+            frames.report(bad, "a direct caller")
+            return
+        try:
+            source.channel.send(reply)
+        except OSError:
+            self.served.lost(source, self.on_release)
 
     def _served_frame(self, frame: Frame | None) -> bool:
         """Give up the reader role and route ``frame``; True: it is the serve loop's."""
@@ -290,6 +324,8 @@ class WorkerLink(FlowControl):
             raise TritonModelException(f"the server did not answer within {timeout:g} s")
         reply = answer[0]
         assert isinstance(reply, m.MetricValueReply)
+        if reply.error:
+            raise TritonModelException(reply.error)
         return reply
 
     # -- reading ------------------------------------------------------------------------
@@ -303,6 +339,8 @@ class WorkerLink(FlowControl):
                 if not readable:
                     return None
             return self._channel.recv()
+        except codec.UnreadableFrame as bad:
+            return self._unreadable(bad)
         except (ChannelClosed, OSError, ValueError):
             self._closed = True  # seen by the others once the role is given up
             return None
@@ -310,6 +348,24 @@ class WorkerLink(FlowControl):
             with self._lock:
                 self._stop_reading()
             raise
+
+    def _unreadable(self, bad: codec.UnreadableFrame) -> Frame | None:
+        """A frame from the server that cannot be read: the error answer it stands for (the
+        call that waits for it fails), a request's error reply sent back, or nothing."""
+        for fd in receive_fds(self._fd_socket, frames.descriptors(bad)):  # came beside it
+            os.close(fd)
+        answer = frames.error_answer(bad, "the server")
+        if answer is not None:
+            return answer, bad.payload
+        reply = frames.error_reply(bad, "the server")
+        if reply is None:
+            frames.report(bad, "the server")
+            return None
+        try:
+            self.send(reply)
+        except ChannelClosed:
+            self._closed = True
+        return None
 
     def _direct_frame(self, msg: m.DirectTargets | m.DirectAccept | m.DirectStale) -> None:
         """Direct BLS bookkeeping; descriptors that came beside a frame are picked up now,

@@ -133,6 +133,7 @@ class Shutdown(_Msg, tag=4):
 class MetricValueReply(_Msg, tag=5):
     call: int
     value: float
+    error: str = ""  # the call could not be answered (its frame could not be read)
 
 
 class UnmapRegions(_Msg, tag=6):

@@ -23,7 +23,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import InputTensor
-from dlserve.workers import polling
+from dlserve.workers import polling, unreadable
 from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
 from dlserve.workers.placement import (
     NO_SPANS,
@@ -113,6 +113,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
 
     def __init__(self, label: str) -> None:
         self.label = label
+        self.model_name = ""  # the model it runs, once loaded
         base_name = f"dlserve_{os.getpid()}_{next(_worker_ids)}"
         # memfds, handed to the worker at spawn; no name exists to be left behind
         self.input_segment = ShmSegment.anonymous(f"{base_name}_in", INPUT_ARENA_SIZE)
@@ -158,9 +159,20 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
     async def _connect(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_unix_connection(
-            lambda: AsyncChannel(codec.to_server, self._on_frame, self._on_lost), sock=sock
-        )
+            lambda: AsyncChannel(codec.to_server, self._on_frame, self._on_lost,
+                                 self._on_unreadable), sock=sock,
+        )  # fmt: skip
         self._channel = protocol
+
+    def _on_unreadable(self, bad: codec.UnreadableFrame) -> None:
+        """A frame that cannot be read fails what it belongs to (``unreadable.py``); the
+        connection goes on. An answer to Load that cannot be read fails the load."""
+        if bad.kind in (m.Loaded, m.LoadFailed):
+            failed = m.LoadFailed(unreadable.describe(self, bad))
+            if self._control is not None and not self._control.done():
+                self._control.set_result(failed)
+            return
+        unreadable.handle(self, bad)
 
     def _on_frame(self, msg: m.WorkerToServer, payload: memoryview) -> None:
         if isinstance(msg, m.InferDone):
@@ -197,7 +209,9 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             self._control.set_result(msg)
 
     def send_answer(
-        self, msg: m.BlsReply | m.ControlReply | m.DirectTargets, payload: list[memoryview]
+        self,
+        msg: m.BlsReply | m.ControlReply | m.DirectTargets | m.MetricValueReply,
+        payload: list[memoryview],
     ) -> None:
         """Answer a call this worker made (dropped when it has died meanwhile)."""
         if self._channel is not None:
@@ -238,6 +252,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
     async def load(self, msg: m.Load, timeout: float) -> m.Loaded:
         """Send Load and wait for the answer; raises UnavailableError with the reason."""
         self.label = msg.instance_name or self.label  # a reused worker becomes this instance
+        self.model_name = msg.model_name
         reply = await self._control_call(msg, timeout, "loading")
         if isinstance(reply, m.LoadFailed):
             raise errors.UnavailableError(reply.message)

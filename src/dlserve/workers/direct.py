@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlserve.backend import cuda_peers
+from dlserve.backend import cuda_peers, frames
 from dlserve.backend.direct_serving import Served
 from dlserve.backend.link import WorkerLink
+from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.workers.runner import ModelRunner
 
@@ -27,13 +28,29 @@ def serve_direct(
         if done.fences:  # the model's GPU work may be done by now: the caller need not wait
             done.fences = cuda_peers.unfinished(done.fences)
         try:
-            conn.channel.send(done, buffers)
+            _reply(worker, conn, done, buffers, runner)
         except OSError:  # the caller is gone: what it was lent goes back
             worker.served.lost(conn, runner.release)
         _tell_mapped(worker, msg)
     elif isinstance(msg, m.Release):
         runner.release(msg.offsets, msg.gpu)
         conn.given_back(msg.offsets, msg.gpu)
+
+
+def _reply(
+    worker: WorkerLink, conn: Served, done: m.InferDone, buffers: Sequence[bytes | memoryview],
+    runner: ModelRunner,
+) -> None:  # fmt: skip
+    """Send the answer; one that cannot be encoded goes as the request's error (what it
+    lent is given back first: the caller will never hold it)."""
+    try:
+        conn.channel.send(done, buffers)
+    except codec.UnencodableFrame as failed:
+        lent = [ref.offset for ref in done.outputs if ref.where == m.Where.PEER_ARENA]
+        conn.given_back(lent, frames.arena_outputs(done.outputs)[1])
+        if lent:  # its outputs in the arena, lent as PEER_ARENA refs (GPU ones: sendable)
+            runner.release(lent, [])
+        conn.channel.send(frames.sendable(failed, worker.model_name, runner.release))
 
 
 def _answer(
