@@ -397,8 +397,8 @@ class DirectCall:
         for ref in lent:
             self.conn.give_back(ref.region, ref.offset if ref.lend == 0 else -ref.lend)
         self.conn.lent += len(lent)
-        error = (f"model '{self.target.model}' (instance '{self.conn.instance.name}') sent an "
-                 f"answer that cannot be read: {bad.cause}")  # fmt: skip
+        error = (f"model '{self.target.model}' (instance '{self.conn.instance.name}') sent "
+                 f"{bad.what}: {bad.cause}")  # fmt: skip
         return m.InferDone(bad.ident or 0, error=error, error_code="internal")
 
     def _give_up(self) -> None:

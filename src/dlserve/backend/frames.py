@@ -70,7 +70,7 @@ def error_answer(bad: codec.UnreadableFrame, what: str) -> Answer | None:
     call = bad.ident
     if call is None:
         return None
-    error = f"{what} sent an answer that cannot be read: {bad.cause}"
+    error = f"{what} sent {bad.what}: {bad.cause}"
     if bad.kind is m.BlsReply:
         return m.BlsReply(call, error=error, error_code=_INTERNAL)
     if bad.kind is m.ControlReply:
@@ -87,7 +87,7 @@ def error_reply(bad: codec.UnreadableFrame, what: str) -> m.InferDone | None:
     request cannot be told)."""
     if bad.kind is not m.Infer or bad.ident is None:
         return None
-    error = f"{what} sent a request that cannot be read: {bad.cause}"
+    error = f"{what} sent {bad.what}: {bad.cause}"
     return m.InferDone(bad.ident, error=error, error_code=_INTERNAL)
 
 
@@ -104,6 +104,5 @@ def descriptors(bad: codec.UnreadableFrame) -> int:
 def report(bad: codec.UnreadableFrame, what: str) -> None:
     """A frame nothing can be failed for: on stderr (the server's log), then dropped."""
     ident = "" if bad.ident is None else f" (id {bad.ident})"
-    sys.stderr.write(f"dlserve worker: dropped a frame from {what} that cannot be read"
-                     f"{ident}: {bad}\n")  # fmt: skip
+    sys.stderr.write(f"dlserve worker: dropped {bad.what} from {what}{ident}: {bad.cause}\n")
     sys.stderr.flush()

@@ -70,12 +70,17 @@ class UnreadableFrame(Exception):
     bad: their names are ""); ``payload``: the frame's payload."""
 
     def __init__(self, cause: str, kind: type[messages._Msg] | None, fields: dict[str, Any]):
-        what = kind.__name__ if kind is not None else "unknown message"
-        super().__init__(f"{what}: {cause}")
+        super().__init__(f"{kind.__name__ if kind is not None else 'unknown message'}: {cause}")
         self.cause = cause
         self.kind = kind
         self.fields = fields
         self.payload = memoryview(b"")
+
+    @property
+    def what(self) -> str:
+        """ "a frame (InferDone) that cannot be read", for messages."""
+        kind = f" ({self.kind.__name__})" if self.kind is not None else ""
+        return f"a frame{kind} that cannot be read"
 
     @property
     def ident(self) -> int | None:

@@ -26,11 +26,7 @@ _INTERNAL = "internal"
 
 def describe(worker: WorkerBase, bad: codec.UnreadableFrame) -> str:
     """The error's text: the model, its instance, what kind of frame, and why."""
-    kind = bad.kind.__name__ if bad.kind is not None else "frame"
-    return (
-        f"model '{worker.model_name}' (instance '{worker.label}') sent a {kind} the server "
-        f"cannot read: {bad.cause}"
-    )
+    return f"model '{worker.model_name}' (instance '{worker.label}') sent {bad.what}: {bad.cause}"
 
 
 def handle(worker: WorkerBase, bad: codec.UnreadableFrame) -> None:
