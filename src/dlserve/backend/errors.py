@@ -72,11 +72,9 @@ _CODES: dict[int, ErrorCode] = {
 
 class TritonModelException(Exception):
     """Raised by models (and by pb_utils) for a failure inside the model. Any object is a
-    message (it is an exception): bytes are read as UTF-8 text, the rest as ``str()``."""
+    message, as for any exception (Triton's is a plain Python exception): ``str()`` of it."""
 
     def __init__(self, message: object = "") -> None:
-        if isinstance(message, bytes | bytearray):
-            message = message.decode(errors="replace")
         super().__init__(message)
         self._message = str(message)
 

@@ -29,7 +29,7 @@ from dlserve.backend.errors import TritonModelException
 from dlserve.tensors import dlpack, dtypes
 
 _SIGNATURE: Final = f"{arguments.MODULE}.Tensor(arg0: str, arg1: numpy.ndarray)"
-_FROM_DLPACK: Final = f"(arg0: str, arg1: object) -> {arguments.MODULE}.Tensor"
+_FROM_DLPACK: Final = f"(self: str, arg0: object) -> {arguments.MODULE}.Tensor"  # pybind11's
 _NOT_CONTIGUOUS = (
     "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in "
     "C-Order are supported."

@@ -217,23 +217,27 @@ def load_model(
 
 
 def _model_files(model_name: str, files: object) -> dict[str, bytes]:
-    """Triton's ``files``: None, or a dict of paths (text) to contents (bytes)."""
+    """Triton's ``files``: None, or a dict of paths (text) to contents (bytes), refused
+    with Triton's messages (pybind11's TypeError for a path or content it cannot cast)."""
     if files is None:
         return {}
-    refused = TritonModelException(
-        f"failed to load model '{model_name}', files should be a dictionary of file paths and "
-        "file contents"
-    )
     if not isinstance(files, Mapping):
-        raise refused
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths "
+            "and file contents"
+        )
     result: dict[str, bytes] = {}
     for path, content in files.items():
         try:
             key = arguments.text(path, "a file path")
         except arguments.NotText:
-            raise refused from None
+            raise TypeError(
+                f"Object of type '{type(path).__name__}' is not an instance of 'str'"
+            ) from None
         if not isinstance(content, bytes):
-            raise refused
+            raise TypeError(
+                f"Object of type '{type(content).__name__}' is not an instance of 'bytes'"
+            )
         result[key] = bytes(content)
     return result
 
