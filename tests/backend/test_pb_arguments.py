@@ -217,7 +217,7 @@ def test_control_and_metric_arguments_are_checked_before_anything_is_sent() -> N
         lambda: pb_utils.MetricFamily(5, "d", pb_utils.MetricFamily.COUNTER),
         lambda: pb_utils.MetricFamily("n", None, pb_utils.MetricFamily.COUNTER),
     ):
-        with pytest.raises(TypeError, match="incompatible|is not an instance of 'bytes'"):
+        with pytest.raises(TypeError, match=r"incompatible|is not an instance of 'bytes'"):
             make()
 
 
