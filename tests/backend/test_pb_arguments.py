@@ -137,6 +137,7 @@ def test_triton_s_own_checks_raise_triton_model_exception(
         lambda: request(flags=-1),
         lambda: request(timeout=2**64),
         lambda: request(correlation_id=None),
+        lambda: request().set_flags("1"),
         lambda: pb_utils.InferenceResponse(output_tensors=None),  # type: ignore[arg-type]
         lambda: pb_utils.InferenceResponse(error=5),  # type: ignore[arg-type]
         lambda: pb_utils.Tensor("OUTPUT0", None),

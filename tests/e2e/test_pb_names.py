@@ -101,6 +101,26 @@ def test_an_unreadable_reply_fails_its_request_only(
     assert bad_frame(client, "ok") == (pids, "")  # the same processes serve on
 
 
+@pytest.mark.parametrize("size", [2, 1 << 22])
+def test_a_reply_that_cannot_be_encoded_fails_its_request_only(
+    client: grpcclient.InferenceServerClient, size: int
+) -> None:
+    """An exception's message with no UTF-8 form goes with a replacement character; a
+    reply that still cannot be encoded goes as its request's error (its memory given back
+    in the worker)."""
+    pids, _ = bad_frame(client, "ok")
+    with pytest.raises(InferenceServerException) as raised:
+        bad_frame(client, "raise")
+    assert "no ? text" in raised.value.message()
+    with pytest.raises(InferenceServerException) as raised:
+        bad_frame(client, "unsendable", size)
+    assert raised.value.message() == (
+        "the response of model 'bad_frame' cannot be sent: 'utf-8' codec can't "
+        "encode character '\\udc80' in position 8: surrogates not allowed"
+    )
+    assert bad_frame(client, "ok") == (pids, "")
+
+
 @pytest.mark.parametrize(
     ("mode", "size"),
     [("call", 2), ("garbage", 2), ("direct_reply", 2), ("direct_reply", 1 << 22),

@@ -1,9 +1,10 @@
 """What a worker does with a frame it cannot write or read, so that neither ends its link.
 
 pb_utils checks what a model hands over, so a frame that cannot be encoded is rare: an
-exception message that is not UTF-8 text, say. A reply (InferDone, StreamResponse) is
-then sent as the error of its request, and the output memory it named goes back; any
-other frame is the model's call failing, with TritonModelException at the call.
+exception message that is not UTF-8 text, say, which is sent with replacement characters.
+Past that, a reply (InferDone, StreamResponse) is sent as the error of its request, and
+the output memory it named goes back; any other frame is the model's call failing, with
+TritonModelException at the call.
 
 A frame that cannot be read (``codec.UnreadableFrame``) fails what it belongs to: an
 answer the model waits for becomes an error answer, a request (from the server or a
@@ -16,6 +17,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
+import msgspec
+
 from dlserve.backend.errors import TritonModelException
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
@@ -26,9 +29,13 @@ _INTERNAL = "internal"
 
 
 def sendable(failed: codec.UnencodableFrame, model: str, release: Release | None) -> m._Msg:
-    """The frame to send instead of ``failed.message``: its request's error (its outputs'
-    memory released), or raises TritonModelException for a frame the model's call sent."""
+    """The frame to send instead of ``failed.message``: the same with its text made UTF-8
+    (an exception's message, say), else its request's error (its outputs' memory
+    released); raises TritonModelException for a frame the model's call sent."""
     message = failed.message
+    cleaned = _clean_text(message)
+    if cleaned is not None:
+        return cleaned
     if not isinstance(message, m.InferDone | m.StreamResponse):
         raise TritonModelException(
             f"model '{model}' cannot send {type(message).__name__}: {failed.cause}"
@@ -49,12 +56,27 @@ def sendable(failed: codec.UnencodableFrame, model: str, release: Release | None
                             final=message.final, timings=message.timings)  # fmt: skip
 
 
+def _clean_text(message: m._Msg) -> m._Msg | None:
+    """``message`` with its text fields that have no UTF-8 form (lone surrogates) written
+    with replacement characters; None when none needed it."""
+    changes = {}
+    for field in msgspec.structs.fields(message):
+        value = getattr(message, field.name)
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                changes[field.name] = value.encode(errors="replace").decode()
+    return msgspec.structs.replace(message, **changes) if changes else None
+
+
 def replace(
     frames: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]], failed: codec.UnencodableFrame,
     substitute: m._Msg,
 ) -> list[tuple[m._Msg, Sequence[bytes | memoryview]]]:  # fmt: skip
-    """``frames`` with the one that failed replaced (without its payload)."""
-    return [(substitute, ()) if msg is failed.message else (msg, pay) for msg, pay in frames]
+    """``frames`` with the one that failed replaced (its payload kept: unread by an error
+    reply, which names none of it)."""
+    return [(substitute if msg is failed.message else msg, pay) for msg, pay in frames]
 
 
 def arena_outputs(outputs: list[m.TensorRef]) -> tuple[list[int], list[int]]:

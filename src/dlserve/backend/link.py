@@ -113,12 +113,14 @@ class WorkerLink(FlowControl):
     def _send_one(self, message: m._Msg, payload: Sequence[bytes | memoryview]) -> None:
         try:
             self._channel.send(message, payload)
-        except codec.UnencodableFrame as failed:
-            self._channel.send(frames.sendable(failed, self.model_name, self.on_release))
+        except codec.UnencodableFrame as failed:  # what stands in for it (frames.sendable)
+            substitute = frames.sendable(failed, self.model_name, self.on_release)
+            self._send_frames([(substitute, payload)])
 
     def _send_frames(self, batch: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
-        """``batch`` in one system call; those that cannot be encoded replaced first."""
-        for _ in range(len(batch)):
+        """``batch`` in one system call; those that cannot be encoded replaced first (a
+        reply may be replaced twice: its text made UTF-8, then by its request's error)."""
+        for _ in range(2 * len(batch)):
             try:
                 self._channel.send_many(batch)
                 return

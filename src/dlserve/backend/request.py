@@ -246,7 +246,11 @@ class InferenceRequest:
         return self._flags
 
     def set_flags(self, flags: int) -> None:
-        self._flags = flags
+        try:
+            self._flags = arguments.integer(flags, arguments.UINT32)
+        except arguments.NotText:
+            signature = f"(self: {arguments.MODULE}.InferenceRequest, arg0: int) -> None"
+            raise arguments.incompatible("set_flags", signature, (self, flags)) from None
 
     def timeout(self) -> int:
         return self._timeout

@@ -41,16 +41,22 @@ def _reply(
     worker: WorkerLink, conn: Served, done: m.InferDone, buffers: Sequence[bytes | memoryview],
     runner: ModelRunner,
 ) -> None:  # fmt: skip
-    """Send the answer; one that cannot be encoded goes as the request's error (what it
-    lent is given back first: the caller will never hold it)."""
-    try:
-        conn.channel.send(done, buffers)
-    except codec.UnencodableFrame as failed:
-        lent = [ref.offset for ref in done.outputs if ref.where == m.Where.PEER_ARENA]
-        conn.given_back(lent, frames.arena_outputs(done.outputs)[1])
-        if lent:  # its outputs in the arena, lent as PEER_ARENA refs (GPU ones: sendable)
-            runner.release(lent, [])
-        conn.channel.send(frames.sendable(failed, worker.model_name, runner.release))
+    """Send the answer; one that cannot be encoded goes with its text made UTF-8, else as
+    the request's error (what it lent is given back first: the caller never holds it)."""
+    for _ in range(2):
+        try:
+            conn.channel.send(done, buffers)
+            return
+        except codec.UnencodableFrame as failed:
+            substitute = frames.sendable(failed, worker.model_name, None)
+            assert isinstance(substitute, m.InferDone)
+            if substitute.outputs is not done.outputs:  # an error: its outputs go back
+                lent = [ref.offset for ref in done.outputs if ref.where == m.Where.PEER_ARENA]
+                gpu = frames.arena_outputs(done.outputs)[1]
+                conn.given_back(lent, gpu)
+                runner.release(lent, gpu)
+            done = substitute
+    conn.channel.send(done, buffers)
 
 
 def _answer(

@@ -9,6 +9,9 @@ garbage         a frame whose header is not msgpack at all, then the reply as in
 direct_reply    a call to bad_callee that makes its reply unreadable; ERROR = its error
 direct_request  (direct calls only) an Infer frame with a bytes request id, straight on
                 this worker's connection to bad_callee; ERROR = the callee's answer
+raise           raises an exception whose message is not UTF-8 text (a lone surrogate)
+unsendable      this request's reply names OUTPUT0 with such a text (a private attribute
+                set): a frame that cannot even be encoded
 
 Every mode but "reply" answers with OUTPUT0 = INPUT0, PIDS and ERROR ("" in "ok"), and
 HELD: how many pieces of the output arenas of this worker and of bad_callee's were in use
@@ -93,9 +96,13 @@ class TritonPythonModel:
                 error = call_callee(-np.abs(x) - 1).error().message()
             elif mode == "direct_request":
                 error = direct_request()
+            if mode == "raise":
+                raise pb_utils.TritonModelException("no \udc80 text")
             output = pb_utils.Tensor("OUTPUT0", x)
             if mode == "reply":
                 output._name = b"OUTPUT0"
+            elif mode == "unsendable":
+                output._name = "OUTPUT0 \udc80"
             callee_pid, callee_held = callee_state(x[:1])
             pids = np.array([os.getpid(), callee_pid], dtype=np.int64)
             responses.append(
