@@ -4,7 +4,7 @@ UTF-8) both work and give the same ``str`` back; any other type is pybind11's
 ``TypeError`` ("incompatible function arguments"), or the TritonModelException Triton
 raises itself where its own code checks the argument. These run on pb_utils alone; the
 arguments whose effect needs a worker and a server (BLS, model control, metrics, output
-names) are run inside a real worker by tests/e2e/test_pb_arguments.py.
+names) are run inside a real worker by tests/e2e/test_worker_arguments.py.
 """
 
 from __future__ import annotations
