@@ -203,11 +203,15 @@ class InferenceRequest:
 
     def _check_names(self) -> None:
         """Triton's checks of the inputs and the requested outputs."""
-        which = f"request with id '{self._request_id}' and model name '{self._model_name}'"
         if None in self._inputs:
-            raise TritonModelException(f"Input tensor for {which} should not be empty.")
+            raise TritonModelException(f"Input tensor for {self._which()} should not be empty.")
         if "" in self._requested_output_names:
-            raise TritonModelException(f"Requested output name for {which} should not be empty.")
+            raise TritonModelException(
+                f"Requested output name for {self._which()} should not be empty."
+            )
+
+    def _which(self) -> str:
+        return f"request with id '{self._request_id}' and model name '{self._model_name}'"
 
     @classmethod
     def _received(
