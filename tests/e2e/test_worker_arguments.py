@@ -106,3 +106,34 @@ def test_metric_families_named_by_bytes_are_on_the_metrics_endpoint(
     with urllib.request.urlopen(server.metrics_url, timeout=60) as response:
         text = response.read().decode()
     assert 'pb_arguments_by_bytes{case="argument"} 2' in text
+
+
+AUTO_COMPLETE_BYTES = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": b"INPUT0", "data_type": "TYPE_FP32", "dims": [-1]})
+        return config
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_an_auto_completed_config_with_bytes_fails_its_load_as_in_triton(
+    server: RunningServer, client: grpcclient.InferenceServerClient
+) -> None:
+    """ModelConfig is Python in Triton too: a bytes name is kept, and the stub's
+    ``json.dumps`` of the config fails the load with its TypeError; the worker does not
+    send a config the server cannot read."""
+    folder = server.repository / "auto_complete_bytes"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('backend: "python"\n')
+    (folder / "1" / "model.py").write_text(AUTO_COMPLETE_BYTES)
+    with pytest.raises(InferenceServerException) as raised:
+        client.load_model("auto_complete_bytes")
+    assert "TypeError: Object of type bytes is not JSON serializable" in raised.value.message()
+    assert client.is_model_ready("double")
