@@ -7,6 +7,7 @@ reply           this request's reply names OUTPUT0 with bytes (a private attribu
 call            a BlsCall frame whose model name is bytes; ERROR = the server's answer
 garbage         a frame whose header is not msgpack at all, then the reply as in "ok"
 direct_reply    a call to bad_callee that makes its reply unreadable; ERROR = its error
+                (the parameter "callee" may name bad_gpu_callee instead, for both calls)
 direct_request  (direct calls only) an Infer frame with a bytes request id, straight on
                 this worker's connection to bad_callee; ERROR = the callee's answer
 raise           raises an exception whose message is not UTF-8 text (a lone surrogate)
@@ -30,18 +31,18 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 
 
-def call_callee(x):
+def call_callee(x, callee="bad_callee"):
     request = pb_utils.InferenceRequest(
-        model_name="bad_callee",
+        model_name=callee,
         inputs=[pb_utils.Tensor("INPUT0", x)],
         requested_output_names=[],  # all: a bytes-named output is not left out
     )
     return request.exec()
 
 
-def callee_state(x):
-    """bad_callee's process id, and the pieces of its output arena in use."""
-    response = call_callee(np.abs(x))
+def callee_state(x, callee):
+    """The callee's process id, and the pieces of its output memory in use."""
+    response = call_callee(np.abs(x), callee)
     if response.has_error():
         raise pb_utils.TritonModelException(response.error().message())
     pid, held = (pb_utils.get_output_tensor_by_name(response, name) for name in ("PID", "HELD"))
@@ -86,14 +87,15 @@ class TritonPythonModel:
         held = len(link.current().memory.output_arena._used)
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            mode = json.loads(request.parameters())["mode"]
+            params = json.loads(request.parameters())
+            mode, callee = params["mode"], params.get("callee", "bad_callee")
             error = ""
             if mode == "call":
                 error = bad_call()
             elif mode == "garbage":
                 error = garbage()
             elif mode == "direct_reply":
-                error = call_callee(-np.abs(x) - 1).error().message()
+                error = call_callee(-np.abs(x) - 1, callee).error().message()
             elif mode == "direct_request":
                 error = direct_request()
             if mode == "raise":
@@ -103,7 +105,7 @@ class TritonPythonModel:
                 output._name = b"OUTPUT0"
             elif mode == "unsendable":
                 output._name = "OUTPUT0 \udc80"
-            callee_pid, callee_held = callee_state(x[:1])
+            callee_pid, callee_held = callee_state(x[:1], callee)
             pids = np.array([os.getpid(), callee_pid], dtype=np.int64)
             responses.append(
                 pb_utils.InferenceResponse(
