@@ -3,7 +3,9 @@
 Each response is a StreamResponse frame, sent from whichever thread of the model calls
 ``send()``; the one with the final flag ends the request and carries its timings. When
 ``execute`` returns, an ``executed`` notice tells the server's scheduler that the instance
-can take the next request.
+can take the next request. An ``async def execute`` is started on the instance's event
+loop and the notice goes at once (Triton's stub does the same): its requests overlap with
+the next ones, and a failure it meets later reaches its requests and the log.
 """
 
 from __future__ import annotations
