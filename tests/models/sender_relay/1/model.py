@@ -1,5 +1,6 @@
-"""sender_relay: calls default_sender with this request's IN and parameters (a call with a
-timeout goes through the server, one without straight to the callee's instance)."""
+"""sender_relay: calls default_sender (or the model its "callee" parameter names) with this
+request's IN and parameters (a call with a timeout goes through the server, one without
+straight to the callee's instance)."""
 
 import json
 
@@ -15,7 +16,7 @@ class TritonPythonModel:
             params = json.loads(request.parameters())
             through = params.pop("through", "direct")
             call = pb_utils.InferenceRequest(
-                model_name="default_sender",
+                model_name=params.pop("callee", "default_sender"),
                 inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
                 requested_output_names=["OUT"],
                 parameters=params,
