@@ -280,24 +280,9 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         execute.returned = True
         deferred: set[int] = set()
         for index, item, response, request in zip(running, ran, checked, requests, strict=True):
-            if request._release_flags == rescheduling.RESCHEDULE:
-                try:
-                    replies[index] = rescheduling.rescheduled_reply(item.rid, response), []
-                except BaseException as exc:
-                    replies[index] = self._error_reply(item.rid, exc), []
-                continue
-            answer: pb_utils.InferenceResponse | Deferred | None = response
-            if answer is None:  # its response sender answers it (or nothing does)
-                try:
-                    answer = self.answers.returned(item.rid)
-                except BaseException as exc:
-                    replies[index] = self._error_reply(item.rid, exc), []
-                    continue
-            if answer is Deferred.LATER:
-                replies[index] = m.InferDone(item.rid, deferred=True), []
+            replies[index] = reply = self._outcome(item, response, request, settled)
+            if reply[0].deferred:
                 deferred.add(item.rid)
-                continue
-            replies[index] = self._answer(item, answer, settled)
         if self.answers.taken():
             self.answers.finish([item.rid for item in ran if item.rid not in deferred])
         timings = m.Timings(execute.start, infer_start, infer_end, time.monotonic_ns())
@@ -307,22 +292,41 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 done[0].timings = timings
         return deferred
 
+    def _outcome(
+        self, item: Item, response: pb_utils.InferenceResponse | None,
+        request: pb_utils.InferenceRequest, settled: AbstractSet[int],
+    ) -> tuple[m.InferDone, list[memoryview]]:  # fmt: skip
+        """A request's reply once ``execute`` returned ``response`` in its place (None: its
+        sender answers it, or nothing does)."""
+        try:
+            if request._release_flags == rescheduling.RESCHEDULE:
+                return rescheduling.rescheduled_reply(item.rid, response), []
+            answer = response if response is not None else self.answers.returned(item.rid)
+        except BaseException as exc:
+            return self._error_reply(item.rid, exc), []
+        if answer is Deferred.LATER:
+            return m.InferDone(item.rid, deferred=True), []
+        return self._answer(item, answer, settled)
+
     def _answer(
-        self, item: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int]
-    ) -> tuple[m.InferDone, list[memoryview]]:
-        """The reply for ``item`` with the model's response (or its error)."""
+        self, item: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int],
+        fenced: bool = True,
+    ) -> tuple[m.InferDone, list[memoryview]]:  # fmt: skip
+        """The reply for ``item`` with the model's response (or its error). ``fenced``:
+        a fenced direct call's reply carries fences (False: its GPU work was waited for)."""
+        fenced = fenced and gpu_bls.is_fenced(item)
         try:
             error = response.error()
             if error is not None:
                 raise error
-            if gpu_bls.is_fenced(item):  # a direct call: fences, not waits
+            if fenced:  # a direct call: fences, not waits
                 fences = gpu_bls.reply_fences(item, response)
                 reply = self._reply(item, response, cuda_peers.EVERY_DEVICE)
                 reply[0].fences = fences
                 return reply
             return self._reply(item, response, settled)
         except BaseException as exc:
-            if gpu_bls.is_fenced(item):  # the caller finds its memory as it waits
+            if fenced:  # the caller finds its memory as it waits
                 with contextlib.suppress(pb_utils.TritonModelException):
                     gpu_bls.settle_borrowed([item], every=True)
             return self._error_reply(item.rid, exc), []
@@ -339,21 +343,9 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         for index, item in zip(running, ran, strict=True):
             sent = self.answers.close(item.rid)
             if sent is not None:
-                replies[index] = self._reply_settled(item, sent, settled)
+                replies[index] = self._answer(item, sent, settled, fenced=False)
             else:
                 replies[index] = self._error_reply(item.rid, exc), []
-
-    def _reply_settled(
-        self, item: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int]
-    ) -> tuple[m.InferDone, list[memoryview]]:
-        """As :meth:`_answer`, its GPU work on borrowed inputs waited for already."""
-        try:
-            error = response.error()
-            if error is not None:
-                raise error
-            return self._reply(item, response, settled)
-        except BaseException as exc:
-            return self._error_reply(item.rid, exc), []
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
         if type(msg) is m.Infer and msg.fences:  # a direct caller's GPU work, not waited
