@@ -74,7 +74,7 @@ class Answer:
         "returned",
         "route",
         "sender",
-    )  # fmt: skip
+    )
 
     def __init__(self, answers: Answers, item: Item, execute: Execute, route: Route) -> None:
         self.answers = answers
@@ -107,11 +107,8 @@ class Answer:
 
     def abandoned(self) -> None:
         """The sender was collected (the janitor's thread)."""
-        self._end(
-            TritonModelException(
-                self.answers.not_answered("its response sender was released without sending one")
-            )
-        )
+        why = "its response sender was released without sending one"
+        self._end(TritonError(self.answers.not_answered(why)))
 
     def _end(self, error: Exception) -> None:
         with self.lock:
