@@ -16,6 +16,11 @@ waiting at an instance is still the server's: a client that leaves cancels it (t
 answers it without running it), and if the instance dies before it started it goes back to
 the head of the queue, as if it had never left.
 
+An instance is free again when its ``execute`` returns, which its worker's reply says; a
+model that is not decoupled may send a request's response after that (its reply is then a
+``deferred`` notice, and the response follows), and a decoupled model's ``async def
+execute`` returns, for the scheduler, as soon as the worker has started it.
+
 Nothing here runs in a task of its own: requests are dispatched when one arrives, when
 an instance answers, when an instance restarts, and on a timer for queue delays and
 timeouts.
