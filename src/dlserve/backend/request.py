@@ -90,6 +90,7 @@ class InferenceRequest:
     # a request given to a model that is not decoupled: its response sender, made by the
     # worker at the first get_response_sender() and the same one after
     _open_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
+    _rid = 0  # the worker's number for such a request
 
     def __init__(
         self,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import queue
 import threading
 import time
@@ -49,15 +48,26 @@ class Deferred(enum.Enum):
 
 
 class Execute:
-    """What the requests of one ``execute`` share: when it started, and whether it has
-    returned (a sender opened after that is spent: the request was answered)."""
+    """What the requests of one ``execute`` share: their items, when it started, where
+    late responses go, and whether it has returned (a sender opened after that is spent:
+    the request was answered). It holds no request (no cycle: requests are freed as soon
+    as the model lets them go)."""
 
-    __slots__ = ("infer_start", "returned", "start")
+    __slots__ = ("answers", "infer_start", "items", "returned", "route", "start")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, answers: Answers, items: Sequence[Item], start: int, route: Route) -> None:
+        self.answers = answers
+        self.items = items
         self.start = start
         self.infer_start = start
+        self.route = route
         self.returned = False
+
+    def open_sender(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSender:
+        """``request.get_response_sender()`` of one of them (found by its rid: rare)."""
+        rid = request._rid
+        item = next(item for item in self.items if item.rid == rid)
+        return self.answers.sender(item, self, request)
 
 
 class Answer:
@@ -149,14 +159,16 @@ class Answers:
         self, requests: Sequence[pb_utils.InferenceRequest], items: Sequence[Item],
         start: int, route: Route,
     ) -> Execute:  # fmt: skip
-        """Let ``requests`` (of one execute) make their senders on demand."""
-        execute = Execute(start)
+        """Let ``requests`` (of one execute) make their senders on demand (one bound method
+        for them all: this runs for every request of every model)."""
+        execute = Execute(self, items, start, route)
+        opener = execute.open_sender
         for request, item in zip(requests, items, strict=True):
-            request._open_sender = functools.partial(self._sender, item, execute, route)
+            request._open_sender, request._rid = opener, item.rid
         return execute
 
-    def _sender(
-        self, item: Item, execute: Execute, route: Route, request: pb_utils.InferenceRequest
+    def sender(
+        self, item: Item, execute: Execute, request: pb_utils.InferenceRequest
     ) -> pb_utils.InferenceResponseSender:
         """The request's sender. The request does not hold it (the model does), so that a
         model that drops it unanswered is found out when it is collected."""
@@ -169,7 +181,7 @@ class Answers:
                 spent = pb_utils.InferenceResponseSender(request, _nowhere, decoupled=False)
                 spent._count_returned()
                 return spent
-            answer = Answer(self, item, execute, route)
+            answer = Answer(self, item, execute, execute.route)
             sender = pb_utils.InferenceResponseSender(
                 request, answer.emit, decoupled=False, on_refused=answer.refused
             )

@@ -39,6 +39,7 @@ from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
 Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
+_NONE: frozenset[int] = frozenset()  # no request deferred
 _NO_TARGETS: dict[str, m.TensorRef] = {}  # a request that names no output region
 
 
@@ -81,6 +82,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         self.model_class: Any = None
         self.model_loop = ModelLoop(lambda: self.link)  # for async def methods of the model
         self.answers = Answers(self)  # responses sent through senders (not decoupled)
+        self._to_server: Route = self._late  # where they go after the return, by default
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
         self.regions = ClientRegions()
@@ -223,7 +225,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
         requests: list[pb_utils.InferenceRequest] = []
         running: list[int] = []
-        deferred: AbstractSet[int] = frozenset()
+        deferred: AbstractSet[int] = _NONE
         try:
             for index, item in enumerate(items):
                 try:
@@ -237,8 +239,10 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 if worker is not None:
                     request._poll = worker.poll
             if requests:
-                ran = [items[index] for index in running]
-                execute = self.answers.prepare(requests, ran, timings_start, route or self._late)
+                ran = items if len(running) == len(items) else [items[i] for i in running]
+                execute = self.answers.prepare(
+                    requests, ran, timings_start, route or self._to_server
+                )
                 deferred = self._execute(ran, running, requests, replies, execute)
         finally:
             for item in items:
@@ -255,7 +259,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
 
     def _execute(
         self,
-        ran: list[Item],
+        ran: Sequence[Item],
         running: list[int],
         requests: list[pb_utils.InferenceRequest],
         replies: list[tuple[m.InferDone, list[memoryview]] | None],
@@ -276,13 +280,16 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         except BaseException as exc:  # the model's failure is every request's failure
             self._failed(ran, running, replies, exc)
             execute.returned = True
-            return frozenset()
+            return _NONE
         execute.returned = True
-        deferred: set[int] = set()
+        deferred: AbstractSet[int] = _NONE
         for index, item, response, request in zip(running, ran, checked, requests, strict=True):
+            if response is not None and request._release_flags != rescheduling.RESCHEDULE:
+                replies[index] = self._answer(item, response, settled)  # the usual
+                continue
             replies[index] = reply = self._outcome(item, response, request, settled)
             if reply[0].deferred:
-                deferred.add(item.rid)
+                deferred = {*deferred, item.rid}
         if self.answers.taken():
             self.answers.finish([item.rid for item in ran if item.rid not in deferred])
         timings = m.Timings(execute.start, infer_start, infer_end, time.monotonic_ns())
@@ -332,7 +339,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             return self._error_reply(item.rid, exc), []
 
     def _failed(
-        self, ran: list[Item], running: list[int],
+        self, ran: Sequence[Item], running: list[int],
         replies: list[tuple[m.InferDone, list[memoryview]] | None], exc: BaseException,
     ) -> None:  # fmt: skip
         """``execute`` raised (or returned what it may not): every request fails with it,
