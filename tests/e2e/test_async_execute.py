@@ -96,10 +96,20 @@ def answers(received: list[tuple[Any, Any]]) -> dict[str, int]:
     return found
 
 
+def counts(server: RunningServer) -> tuple[int, int, int]:
+    """The model's successes, inferences and executions, from its statistics."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        [stats] = client.get_inference_statistics(MODEL).model_stats
+    return stats.inference_stats.success.count, stats.inference_count, stats.execution_count
+
+
 def test_eight_waits_overlap_over_a_grpc_stream(server: RunningServer) -> None:
+    before = counts(server)
     received, elapsed = stream_all(server, [{"wait_s": WAIT_S}] * CONCURRENT)
     assert answers(received) == {str(i): i for i in range(CONCURRENT)}
     assert WAIT_S <= elapsed < BOUND_S, elapsed
+    after = counts(server)  # each request is one execute, counted as any other
+    assert [a - b for a, b in zip(after, before, strict=True)] == [CONCURRENT] * 3
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])

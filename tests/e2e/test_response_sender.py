@@ -36,7 +36,7 @@ FINAL_FIRST = (
     "a response."
 )
 TWICE = "Unable to send response. Non-decoupled model cannot send more than one response."
-CLOSED = "Unable to send response. Response sender has been closed."
+INTERNAL = ("StatusCode.INTERNAL", "500")  # Triton's status for these: INTERNAL
 
 BATCHED_CONFIG = """
 backend: "python"
@@ -99,6 +99,7 @@ def infer(request: pytest.FixtureRequest, server: RunningServer) -> Infer:
 def failure(call: Callable[[], Any]) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as caught:
         call()
+    assert caught.value.status() in INTERNAL
     return caught.value
 
 
@@ -147,6 +148,7 @@ def test_sent_and_returned_fails_the_rest_of_the_batch_with_tritons_message(
     assert int(results["send_and_return"].as_numpy("OUT")[0][0]) == 11
     assert isinstance(results["return"], InferenceServerException)
     assert TWICE in results["return"].message()
+    assert results["return"].status() == "StatusCode.INTERNAL"
 
 
 def test_nothing_sent_nothing_returned_fails_at_once(infer: Infer) -> None:
