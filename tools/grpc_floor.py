@@ -6,7 +6,7 @@ frontend until 2026-12-01), and dlserve's own HTTP/2 server (``frontends/grpc``,
 dlserve serves gRPC with now). Whatever a server does per request comes on top of this.
 The servers run in a thread of this process: compare them with each other.
 
-    python benchmarks/probes/grpc_floor.py [--requests N]
+    python tools/grpc_floor.py [--requests N]
 """
 
 from __future__ import annotations

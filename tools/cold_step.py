@@ -13,7 +13,7 @@ Tensor). Between two runs of it the process waits ``--gap-us`` in one of these w
 - ``other``: a loop running some other Python code;
 - ``replay``: a loop running the step itself (on the same data, results dropped).
 
-    python benchmarks/probes/cold_step.py [--gap-us 800] [--rounds 1500]
+    python tools/cold_step.py [--gap-us 800] [--rounds 1500]
         [--spinners N [--spin recv|python]]
 
 ``--spinners``: that many other processes spin meanwhile (as the other workers of a
@@ -42,7 +42,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 

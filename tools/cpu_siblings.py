@@ -9,7 +9,7 @@ pure Python (``--spin python``) slowed it alike.
 Times a fixed pure-Python loop pinned to CPU 0, alone and with a process spinning on each
 other CPU in turn, then on several at once, then alone again (the host's own drift):
 
-    python benchmarks/probes/cpu_siblings.py [--spin poll|python]
+    python tools/cpu_siblings.py [--spin poll|python]
 
 A probe for developers, not a benchmark of record (Linux only).
 """
