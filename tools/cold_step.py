@@ -19,7 +19,7 @@ Tensor). Between two runs of it the process waits ``--gap-us`` in one of these w
 ``--spinners``: that many other processes spin meanwhile (as the other workers of a
 pipeline do). Prints the median time of the step after each kind of wait.
 
-What it showed (2026-12-03; docs/benchmarks.md, BLS section): on the 2-vCPU VM and on the
+What it shows (docs/benchmarks.md, BLS section): on the 2-vCPU VM and on the
 H200 host alike, any wait, with or without system calls, makes the step ~2x slower, and
 only replaying that very step while waiting keeps it at its loop cost. The predictors
 and the instruction cache hold what ran last; a step is fast only if it ran last. A

@@ -10,7 +10,7 @@ the warm-up, left out). ``src/`` itself is not changed: the stamps cost nothing 
     python tools/hop_stamps.py [bls_hops.py options, e.g. --device cpu
         --busy-poll-us 2000 --bls-only]
 
-A step that takes 2 us in a loop often takes 5-10 us here (its code and data are cold
+A step often takes several times longer here than in a loop (its code and data are cold
 after the process waited for the next frame, and the frame was written by another core):
 that is what this probe is for. An anchor the code no longer has fails loudly: update
 STAMPS. A probe for developers, not a benchmark of record.

@@ -12,8 +12,8 @@ apart:
   process with dlserve's workers' glibc tuning (non-temporal stores from 1 MiB), in a loop.
 
 Then Triton serves ``bench_shm.py``'s request itself (``identity_4mb``), as in that
-benchmark, and the floor's share of Triton's p50 is printed: the target of issue 3 is
-0.3. The parts alternate with Triton's runs (``--rounds``), since the machine drifts.
+benchmark, and the floor's share of Triton's p50 is printed (``bench_shm.py``'s target is
+0.3). The parts alternate with Triton's runs (``--rounds``), since the machine drifts.
 
     python tools/shm_floor.py [--rounds 2] [--requests 3000]
 
@@ -136,7 +136,7 @@ def main() -> None:
         floor = call + copy
         print(f"{round_:>5} {call:>8.0f} {copy:>8.0f} {floor:>9.0f} {triton:>10.0f} "
               f"{floor / triton:>6.3f}")  # fmt: skip
-    print("share: the floor over Triton's p50 for the same request (issue 3's target: 0.3)")
+    print("share: the floor over Triton's p50 for the same request (bench_shm's target: 0.3)")
 
 
 if __name__ == "__main__":
