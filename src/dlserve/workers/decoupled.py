@@ -18,6 +18,7 @@ from dlserve.backend import link
 from dlserve.backend.errors import TritonModelException
 from dlserve.ipc import messages as m
 from dlserve.workers import gpu_bls
+from dlserve.workers.failures import execute_failure
 
 if TYPE_CHECKING:
     from dlserve.workers.runner import Item, ModelRunner
@@ -78,17 +79,18 @@ def _execute(
         result = runner._call(runner.model.execute, requests)
         if result is not None:
             raise TritonModelException(
-                f"Python model '{runner.load.model_name}' is using the decoupled mode and the "
-                "execute function must return None."
+                f"Python model '{runner.load.instance_name}' is using the decoupled mode and "
+                "the execute function must return None."
             )
     except BaseException as exc:  # every request whose final flag is not out fails
         infer_end = time.monotonic_ns()
+        failure = execute_failure(runner.load.instance_name, exc)
         for stream in streams:
             stream.infer_end = infer_end
             sender = stream.sender
             if sender is not None and not sender.closed:
                 sender._closed = True
-                stream.fail(exc)
+                stream.fail(failure)
         return infer_start, infer_end
     infer_end = time.monotonic_ns()
     for stream in streams:
