@@ -12,6 +12,8 @@ failures (tests/process_models, through a real server and unmodified tritonclien
   killed while it initializes ("Stub process '...' is not healthy."), an exception in
   ``execute`` ("Failed to process the request(s) for model '<instance>', message: ..."),
   in a decoupled model's stream too.
+- ``--exit-on-error`` is true by default, as in Triton: a model that fails to load stops
+  the server at start, every failed model named with its reason.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import queue
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +214,20 @@ def test_a_decoupled_execute_that_fails_ends_its_stream_in_tritons_words(
         expected = ("Python model 'stream_fails_0' is using the decoupled mode and the "
                     "execute function must return None.")  # fmt: skip
     assert error.message() == prefix + expected
+
+
+# -- --exit-on-error -----------------------------------------------------------------------
+def test_by_default_a_model_that_fails_to_load_stops_the_server(tmp_path: Path) -> None:
+    """As Triton's --exit-on-error=true: exit status 1 before anything is served, every
+    failed model named with its reason, the good model not among them."""
+    failing = [MODELS / name for name in ("init_exit", "autocomplete_raises")]
+    repository = repository_of(tmp_path, MODELS / "argv_probe", *failing)
+    command = [sys.executable, "-m", "dlserve", "serve", "--model-repository", str(repository),
+               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    said = done.stderr.split("failed to load all models (--exit-on-error): ")[1]
+    assert "init_exit: SystemExit: 3" in said
+    assert "autocomplete_raises: ValueError: autocomplete_raises: no config on purpose" in said
+    assert "argv_probe" not in said
+    assert "Started GRPCInferenceService" not in done.stdout
