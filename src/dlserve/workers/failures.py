@@ -18,10 +18,8 @@ import traceback
 import dlserve
 from dlserve.backend.errors import TritonError, TritonModelException
 
-_SKIPPED_DIRS = (  # dlserve runs the model's code: its frames are Triton's C++
-    os.path.dirname(dlserve.__file__) + os.sep,
-    os.path.dirname(asyncio.__file__) + os.sep,  # how dlserve runs an async execute
-)
+_DLSERVE = os.path.dirname(dlserve.__file__) + os.sep  # its frames stand for Triton's C++
+_ASYNCIO = os.path.dirname(asyncio.__file__) + os.sep  # how dlserve runs an async execute
 # the frames importlib adds above a module's import that Triton's C++ import does not
 _IMPORT_ENTRY = frozenset(
     {(importlib.__file__, "import_module"), ("<frozen importlib._bootstrap>", "_gcd_import")}
@@ -62,10 +60,13 @@ def _model_frames(exc: BaseException) -> list[traceback.FrameSummary]:
     while start < len(frames) and _entry(frames[start]):
         start += 1
     end = len(frames)
-    while end > start and frames[end - 1].filename.startswith(_SKIPPED_DIRS[0]):
+    while end > start and frames[end - 1].filename.startswith(_DLSERVE):
         end -= 1
     return list(frames[start:end])
 
 
 def _entry(frame: traceback.FrameSummary) -> bool:
-    return frame.filename.startswith(_SKIPPED_DIRS) or (frame.filename, frame.name) in _IMPORT_ENTRY
+    return (
+        frame.filename.startswith((_DLSERVE, _ASYNCIO))
+        or (frame.filename, frame.name) in _IMPORT_ENTRY
+    )
