@@ -240,7 +240,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             self.closed.set_result(reason)
 
     def death_reason(self) -> str:
-        return f"model instance '{self.label}' exited unexpectedly"
+        return errors.not_healthy(self.label)
 
     async def _reaped(self, timeout: float) -> None:
         """Wait (briefly) for the other side to be gone for good."""

@@ -27,6 +27,7 @@ from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.ipc import messages as m
 from dlserve.workers import gpu_bls
 from dlserve.workers.cancellation import upstream
+from dlserve.workers.failures import execute_failure
 
 if TYPE_CHECKING:
     from dlserve.workers.runner import Item, ModelRunner
@@ -97,7 +98,7 @@ def _execute(
         if result is not None:
             raise TritonError(returned_responses(runner))
     except BaseException as exc:  # every request whose final flag is not out fails
-        _fail_open(streams, exc)
+        _fail_open(streams, execute_failure(runner.load.instance_name, exc))
         return infer_start, streams[0].infer_end
     infer_end = time.monotonic_ns()
     for stream in streams:
@@ -128,7 +129,7 @@ def _coroutine_done(runner: ModelRunner, streams: list[_Stream], task: asyncio.T
             return
         exc = error if error is not None else TritonError(returned_responses(runner))
         log_failure(runner, exc)
-    _fail_open(streams, exc)
+    _fail_open(streams, execute_failure(runner.load.instance_name, exc))
 
 
 def _fail_open(streams: list[_Stream], exc: BaseException) -> None:

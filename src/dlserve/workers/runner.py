@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import inspect
 import json
-import os
-import sys
 import time
 import traceback
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from types import ModuleType
 from typing import Any
 
 from dlserve import backend as pb_utils
@@ -33,7 +29,9 @@ from dlserve.workers.bls_memory import SharedMemoryForBls
 from dlserve.workers.cancellation import Cancellation, upstream
 from dlserve.workers.decoupled import decoupled_execute
 from dlserve.workers.event_loop import ModelLoop
+from dlserve.workers.failures import describe_exception, execute_failure
 from dlserve.workers.inputs import InputReading
+from dlserve.workers.model_file import import_model_file
 from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
@@ -45,30 +43,6 @@ _NO_TARGETS: dict[str, m.TensorRef] = {}  # a request that names no output regio
 
 class LoadError(Exception):
     """model.py could not be imported, auto-completed or initialized."""
-
-
-def describe_exception(exc: BaseException, model_dir: str) -> str:
-    """The error's message with the file and line in the model's code where it arose."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
-    location = ""
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename.startswith(model_dir):
-            location = f" ({frame.filename}, line {frame.lineno})"
-    return f"{type(exc).__name__}: {exc}{location}"
-
-
-def import_model_file(path: str, module_name: str) -> ModuleType:
-    directory = os.path.dirname(path)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise LoadError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
@@ -125,7 +99,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         load = self.load
         try:
             if self.model_class is None:
-                module = import_model_file(load.model_file, f"dlserve_model_{os.getpid()}")
+                module = import_model_file(load.model_file)
                 self.model_class = module.TritonPythonModel
             if load.autocomplete and hasattr(self.model_class, "auto_complete_config"):
                 self.config = self._auto_complete(self.model_class)
@@ -137,7 +111,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         except LoadError:
             raise
         except BaseException as exc:
-            raise LoadError(describe_exception(exc, load.model_path)) from exc
+            raise LoadError(describe_exception(exc)) from exc
 
     def _bind_device(self) -> None:
         """Input placement from the config; a GPU instance's device made current."""
@@ -161,7 +135,8 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         completed = model_class.auto_complete_config(ModelConfig(self.config))
         if not isinstance(completed, ModelConfig):
             raise LoadError(
-                "auto_complete_config must return the pb_utils.ModelConfig it was given"
+                f"auto_complete_config function in model '{self.load.model_name}' must return "
+                "a valid pb.ModelConfig object."
             )
         return completed.as_dict()
 
@@ -278,7 +253,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                         self.answers.count_returned(item.rid)
             settled = gpu_bls.settle_borrowed(ran)
         except BaseException as exc:  # the model's failure is every request's failure
-            self._failed(ran, running, replies, exc)
+            self._failed(ran, running, replies, execute_failure(self.load.instance_name, exc))
             execute.returned = True
             return _NONE
         execute.returned = True
@@ -424,7 +399,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         """The message and ErrorCode value a client sees for the model's failure."""
         if isinstance(exc, TritonError):
             return exc.message(), exc.error_code().value
-        return describe_exception(exc, self.load.model_path), "internal"
+        return describe_exception(exc), "internal"
 
     def release(self, offsets: Sequence[int], gpu: Sequence[int] = ()) -> None:
         """Output-arena space the server is done with; ``gpu``: lent GPU outputs given back."""

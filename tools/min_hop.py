@@ -15,7 +15,7 @@ cost, on this machine: the headroom of dlserve's direct-call path.
 
 The two alternate (``--rounds``); each prints the call's p50.
 
-    python benchmarks/probes/min_hop.py [--rounds 2] [--requests 4000]
+    python tools/min_hop.py [--rounds 2] [--requests 4000]
 
 A probe for developers, not a benchmark of record (Linux: the minimal pair forks).
 """
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
-import _triton  # noqa: E402  (a sibling, not a package)
+import _triton  # noqa: E402  (benchmarks/_triton.py: a module, not a package)
 
 from dlserve import backend as pb_utils  # noqa: E402
 from dlserve.ipc import codec  # noqa: E402

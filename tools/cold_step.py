@@ -13,13 +13,13 @@ Tensor). Between two runs of it the process waits ``--gap-us`` in one of these w
 - ``other``: a loop running some other Python code;
 - ``replay``: a loop running the step itself (on the same data, results dropped).
 
-    python benchmarks/probes/cold_step.py [--gap-us 800] [--rounds 1500]
+    python tools/cold_step.py [--gap-us 800] [--rounds 1500]
         [--spinners N [--spin recv|python]]
 
 ``--spinners``: that many other processes spin meanwhile (as the other workers of a
 pipeline do). Prints the median time of the step after each kind of wait.
 
-What it showed (2026-12-03; docs/benchmarks.md, BLS section): on the 2-vCPU VM and on the
+What it shows (docs/benchmarks.md, BLS section): on the 2-vCPU VM and on the
 H200 host alike, any wait, with or without system calls, makes the step ~2x slower, and
 only replaying that very step while waiting keeps it at its loop cost. The predictors
 and the instruction cache hold what ran last; a step is fast only if it ran last. A
@@ -42,7 +42,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 

@@ -12,7 +12,7 @@ are interleaved) and reported as the median of their rounds' p50s:
   looks its route up;
 - ``inference``: inference restricted, and the client sends the header.
 
-    python benchmarks/probes/restricted.py --against SRC [--requests N] [--rounds R]
+    python tools/restricted.py --against SRC [--requests N] [--rounds R]
 
 A probe for developers, not a benchmark of record.
 """
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "models"
 ELEMENTS = 16
 WARMUP = 300

@@ -12,10 +12,10 @@ apart:
   process with dlserve's workers' glibc tuning (non-temporal stores from 1 MiB), in a loop.
 
 Then Triton serves ``bench_shm.py``'s request itself (``identity_4mb``), as in that
-benchmark, and the floor's share of Triton's p50 is printed: the target of issue 3 is
-0.3. The parts alternate with Triton's runs (``--rounds``), since the machine drifts.
+benchmark, and the floor's share of Triton's p50 is printed (``bench_shm.py``'s target is
+0.3). The parts alternate with Triton's runs (``--rounds``), since the machine drifts.
 
-    python benchmarks/probes/shm_floor.py [--rounds 2] [--requests 3000]
+    python tools/shm_floor.py [--rounds 2] [--requests 3000]
 
 A probe for developers, not a benchmark of record (Linux).
 """
@@ -30,11 +30,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "src"))
-import _triton  # noqa: E402  (siblings, not packages)
+import _triton  # noqa: E402  (benchmarks/_triton.py and tools/shm_parts.py: modules)
 import shm_parts  # noqa: E402
 
 ELEMENTS = 1024 * 1024  # bench_shm.py's 4 MB of FP32
@@ -136,7 +136,7 @@ def main() -> None:
         floor = call + copy
         print(f"{round_:>5} {call:>8.0f} {copy:>8.0f} {floor:>9.0f} {triton:>10.0f} "
               f"{floor / triton:>6.3f}")  # fmt: skip
-    print("share: the floor over Triton's p50 for the same request (issue 3's target: 0.3)")
+    print("share: the floor over Triton's p50 for the same request (bench_shm's target: 0.3)")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ torch kernel into its memory and signals the caller, the caller copies that memo
 caller's output into a client's CUDA region; timed against the same copy when the callee
 ran nothing just before.
 
-    python benchmarks/probes/cuda_calls.py
+    python tools/cuda_calls.py
 
 A probe for developers, not a benchmark of record.
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dlserve.tensors import cuda_ipc
 
 NBYTES = 3 * 224 * 224 * 4
@@ -159,5 +160,6 @@ def three_processes() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     one_process()
     three_processes()

@@ -8,7 +8,7 @@ length) and is driven by unmodified tritonclient.grpc, one client, one request i
   a shared-memory call);
 - ``shm4MB``: 4 MB through the regions, as ``bench_shm.py`` sends them.
 
-    python benchmarks/probes/shm_parts.py [--servers dlserve,triton,dlserve,triton]
+    python tools/shm_parts.py [--servers dlserve,triton,dlserve,triton]
         [--requests N] [--variant NAME=OPTIONS ...]
 
 ``--variant busy="--busy-poll-us 2000"`` names a dlserve started with more options; the
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import _triton  # a sibling module, not a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import _triton  # benchmarks/_triton.py: a module, not a package
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
+MODELS = Path(__file__).resolve().parents[1] / "benchmarks" / "models"
 MODEL = "identity_4mb"
 WARMUP = 300
 

@@ -1,12 +1,12 @@
 """The gRPC floor of a machine: an empty ModelInfer, answered at once, no model, no core.
 
 A grpc-python client (as tritonclient.grpc uses) calls a server that answers with an empty
-ModelInferResponse: a synchronous grpc-python server (thread pool), grpc.aio (dlserve's
-frontend until 2026-12-01), and dlserve's own HTTP/2 server (``frontends/grpc``, what
-dlserve serves gRPC with now). Whatever a server does per request comes on top of this.
+ModelInferResponse: a synchronous grpc-python server (thread pool), grpc.aio, and dlserve's
+own HTTP/2 server (``frontends/grpc``, what dlserve serves gRPC with). Whatever a server
+does per request comes on top of this.
 The servers run in a thread of this process: compare them with each other.
 
-    python benchmarks/probes/grpc_floor.py [--requests N]
+    python tools/grpc_floor.py [--requests N]
 """
 
 from __future__ import annotations

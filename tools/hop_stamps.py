@@ -1,16 +1,16 @@
 """Where a direct BLS call's time goes, step by step, in the running processes.
 
-Copies ``src/`` and ``benchmarks/`` into a temporary folder, inserts clock stamps
+Copies ``src/``, ``benchmarks/`` and ``tools/`` into a temporary folder, inserts clock stamps
 (``time.perf_counter_ns``, CLOCK_MONOTONIC: comparable across processes) at the steps of a
 direct call in the copy (the caller's ``exec()``, the callee's serve loop, the runner, the
 channel's ``recv``), runs ``bls_hops.py`` there with the options given, and prints, per
 process, the median time between consecutive stamps (the first fifth of each sequence,
 the warm-up, left out). ``src/`` itself is not changed: the stamps cost nothing there.
 
-    python benchmarks/probes/hop_stamps.py [bls_hops.py options, e.g. --device cpu
+    python tools/hop_stamps.py [bls_hops.py options, e.g. --device cpu
         --busy-poll-us 2000 --bls-only]
 
-A step that takes 2 us in a loop often takes 5-10 us here (its code and data are cold
+A step often takes several times longer here than in a loop (its code and data are cold
 after the process waited for the next frame, and the frame was written by another core):
 that is what this probe is for. An anchor the code no longer has fails loudly: update
 STAMPS. A probe for developers, not a benchmark of record.
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 # (file under src/dlserve, a piece of code found once there, stamp label, "before" the line
 # where that piece starts or "after" the line where it ends).
@@ -158,11 +158,12 @@ def main() -> None:
         ignore = shutil.ignore_patterns("__pycache__")
         shutil.copytree(ROOT / "src", root / "src", ignore=ignore)
         shutil.copytree(ROOT / "benchmarks", root / "benchmarks", ignore=ignore)
+        shutil.copytree(ROOT / "tools", root / "tools", ignore=ignore)
         patch(root / "src")
         out = root / "stamps"
         out.mkdir()
         env = {**os.environ, "DLSERVE_HOP_STAMPS": str(out)}
-        probe = root / "benchmarks" / "probes" / "bls_hops.py"
+        probe = root / "tools" / "bls_hops.py"
         subprocess.run([sys.executable, str(probe), *sys.argv[1:]], env=env, check=True)
         report(out)
 

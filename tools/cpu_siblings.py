@@ -1,7 +1,7 @@
 """Does a process spinning on one CPU slow Python code on another? On the device hosts
 (Firecracker VMs) it does: lscpu says one thread per core, yet a process busy on another
 vCPU halves the speed of pure-Python code on CPU 0 for many choices of that vCPU, and
-which ones changes from run to run (2026-12-03: 4-12 of 15, a different set each time).
+which ones changes from run to run (docs/benchmarks.md, the machines).
 The vCPUs share the host's cores with each other and with other tenants, so every
 running vCPU counts, whatever it runs: a loop of ``poll(0)`` system calls and a loop of
 pure Python (``--spin python``) slowed it alike.
@@ -9,7 +9,7 @@ pure Python (``--spin python``) slowed it alike.
 Times a fixed pure-Python loop pinned to CPU 0, alone and with a process spinning on each
 other CPU in turn, then on several at once, then alone again (the host's own drift):
 
-    python benchmarks/probes/cpu_siblings.py [--spin poll|python]
+    python tools/cpu_siblings.py [--spin poll|python]
 
 A probe for developers, not a benchmark of record (Linux only).
 """

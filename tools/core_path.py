@@ -9,14 +9,14 @@ a real ``dlserve serve`` driven by tritonclient.http, one client, the same reque
 mode prints p50/p99; core and bls also the CPU per request of the server and of the
 (first) worker, and each model's statistics breakdown.
 
-    python benchmarks/probes/core_path.py [--mode core,bls,http] [--requests N]
+    python tools/core_path.py [--mode core,bls,http] [--requests N]
         [--against SRC --rounds R] [--profile DIR]
 
 ``--against SRC`` (another checkout's ``src`` folder, e.g. from ``git archive``) runs each
 mode alternately here and there, R rounds each in a fresh process, and prints both sides'
 p50s (median of the rounds) and their ratio: timings on a shared machine drift by tens of
 percent, so A and B are interleaved. ``--profile DIR``: cProfile dumps of the core loop
-(this process) and of the workers (``benchmarks/probes/show_profiles.py DIR``).
+(this process) and of the workers (``tools/show_profiles.py DIR``).
 
 A probe for developers, not a benchmark of record.
 """
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "models"
 ELEMENTS = 16
 WARMUP = 300

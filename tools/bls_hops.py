@@ -7,7 +7,7 @@ took (``EXEC_US``) and the caller returning how long each ``exec()`` took (``TIM
 ``--device gpu``: torch on the GPU, input and output in CUDA shared memory, 1x3x224x224;
 ``--device cpu``: numpy, 16 floats on the wire.
 
-    python benchmarks/probes/bls_hops.py [--device gpu|cpu] [--requests N]
+    python tools/bls_hops.py [--device gpu|cpu] [--requests N]
         [--busy-poll-us US] [--mps] [--bls-only] [--dlserve-args "..."]
 
 A probe for developers, not a benchmark of record.
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import _triton  # a sibling module, not a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import _triton  # benchmarks/_triton.py: a module, not a package
 
 CONFIG = """
 name: "{name}"
