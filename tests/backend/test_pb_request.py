@@ -55,8 +55,13 @@ def test_request_refusals() -> None:
         bls_request(parameters={"x": [1]})
     with pytest.raises(pb_utils.TritonModelException, match="only available inside"):
         bls_request().exec()
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled transaction policy"):
-        bls_request().get_response_sender()
+    sender = bls_request().get_response_sender()  # a BLS request's
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        sender.send(pb_utils.InferenceResponse())
+    assert refused.value.message() == (
+        "Unable to send response. Response sender has no reference to the decoupled state of "
+        "the model."
+    )
 
 
 def test_response_sender_sends_until_the_final_flag() -> None:
@@ -75,6 +80,56 @@ def test_response_sender_sends_until_the_final_flag() -> None:
     assert request.get_response_sender() is sender and not sender.is_cancelled()
     request._cancelled = True
     assert sender.is_cancelled()
+
+
+def test_response_sender_checks_its_arguments_with_tritons_messages() -> None:
+    sender = pb_utils.InferenceResponseSender(bls_request(), lambda r, f: None)
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        sender.send(None, flags=0)
+    assert refused.value.message() == (
+        "Inference Response object must be provided when the response flags is set to zero."
+    )
+    with pytest.raises(pb_utils.TritonModelException) as refused:
+        sender.send(pb_utils.InferenceResponse(), flags=7)
+    assert refused.value.message() == "Unable to send response. Unsupported flag provided."
+
+
+def test_response_sender_of_a_model_that_is_not_decoupled_sends_one_response() -> None:
+    """Triton's rules (python_backend's response_sender.cc), checked before anything goes
+    out; ``on_refused`` hears each refusal."""
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    sent: list[tuple[object, int]] = []
+    refused: list[str] = []
+
+    def sender() -> pb_utils.InferenceResponseSender:
+        sent.clear()
+        return pb_utils.InferenceResponseSender(
+            bls_request(), lambda r, f: sent.append((r, f)), decoupled=False,
+            on_refused=lambda exc: refused.append(exc.message()),
+        )  # fmt: skip
+
+    response = pb_utils.InferenceResponse()
+    first = sender()
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send complete final before"):
+        first.send(flags=final)
+    first.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send more than one response"):
+        first.send(response, flags=final)
+    first.send(flags=final)  # the final flag after the response
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        first.send(flags=final)
+    assert sent == [(response, 0), (None, final)] and first.closed
+    assert refused == [
+        "Unable to send response. Non-decoupled model cannot send complete final before "
+        "sending a response.",
+        "Unable to send response. Non-decoupled model cannot send more than one response.",
+        "Unable to send response. Response sender has been closed.",
+    ]
+    returned = sender()
+    returned._count_returned()  # execute returned this request's response
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send more than one response"):
+        returned.send(response)
+    assert sent == []
 
 
 def test_response_with_outputs_and_parameters() -> None:

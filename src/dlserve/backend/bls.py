@@ -92,11 +92,15 @@ class ResponseIterator:
     core/bls.py says why); cancelling it, or its being collected unfinished, ends the
     callee's request."""
 
-    def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
+    def __init__(
+        self, worker: link.WorkerLink, call: int, inputs: list[Tensor],
+        first: tuple[m.BlsReply, memoryview] | None = None,
+    ) -> None:  # fmt: skip
         self._worker = worker
         self._call = call
         self._done = False
         self._inputs = inputs  # the callee may read the caller's memory until the end
+        self._first = first  # the first answer, read already (async_exec)
 
     def __iter__(self) -> ResponseIterator:
         return self
@@ -104,7 +108,10 @@ class ResponseIterator:
     def __next__(self) -> InferenceResponse:
         if self._done:
             raise StopIteration
-        reply, payload = _next_reply(self._worker, self._call)
+        if self._first is not None:
+            (reply, payload), self._first = self._first, None
+        else:
+            reply, payload = _next_reply(self._worker, self._call)
         if reply.final:
             self._done = True
             self._inputs = []
@@ -158,8 +165,15 @@ async def async_execute(
             if answer is not None:
                 return answer
     worker, call = _send(request, decoupled)
-    if decoupled:
-        return ResponseIterator(worker, call, request.inputs())
+    if decoupled:  # the first response is awaited here, as Triton's async_exec does: a
+        # model that iterates then does not hold its event loop while the callee works
+        try:
+            first = await asyncio.to_thread(_next_reply, worker, call)
+        except BaseException:
+            worker.close_call(call)
+            worker.stop_call_later(call)
+            raise
+        return ResponseIterator(worker, call, request.inputs(), first)
     try:
         reply, payload = await asyncio.to_thread(_next_reply, worker, call)
     finally:

@@ -373,9 +373,7 @@ class DirectCall:
                 return unread, bad.payload
             except (ChannelClosed, OSError):
                 self._give_up()
-                raise errors.WorkerDiedError(
-                    f"model instance '{conn.instance.name}' exited unexpectedly"
-                ) from None
+                raise errors.WorkerDiedError(errors.not_healthy(conn.instance.name)) from None
             except BaseException:  # a broken frame, KeyboardInterrupt: the connection goes
                 self._give_up()
                 raise

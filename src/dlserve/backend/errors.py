@@ -58,6 +58,16 @@ class TritonError(Exception):
         return self._message
 
 
+def unchecked_error(message: str, code: int = TritonError.INTERNAL) -> TritonError:
+    """A TritonError that dlserve makes itself, around text a model gave (an exception's,
+    which may hold anything): not checked as a model's arguments are; the frame that
+    carries it makes its text sendable."""
+    error = TritonError.__new__(TritonError)
+    Exception.__init__(error, message)
+    error._message, error._code = message, code
+    return error
+
+
 _CODES: dict[int, ErrorCode] = {
     TritonError.UNKNOWN: ErrorCode.UNKNOWN,
     TritonError.INTERNAL: ErrorCode.INTERNAL,

@@ -21,6 +21,7 @@ process-wide default, so that threads the model starts find it.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 import select
@@ -74,11 +75,23 @@ class WorkerLink(FlowControl):
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
         self._call_stops: deque[int] = deque()  # decoupled BLS calls nobody listens to now
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
-        self.upstream: list[str] = []  # BLS: the models upstream of the request executing
+        self._upstream: list[str] = []  # BLS: the models upstream of the request executing
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
         # flow control: decoupled requests' responses not yet taken by the consumer, by rid
         self._windows: dict[int, Window] = {}
         self.stopping = False  # Shutdown has come: a send held back is given up
+
+    @property
+    def upstream(self) -> list[str]:
+        """BLS: the models upstream of the request executing (a call into one of them is
+        circular); that of the coroutine asking, where ``execute`` coroutines run side by
+        side (:func:`upstream_context`)."""
+        chain = _UPSTREAM.get()
+        return self._upstream if chain is None else chain
+
+    @upstream.setter
+    def upstream(self, chain: list[str]) -> None:
+        self._upstream = chain
 
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
         """Send one frame; raises ChannelClosed when the server has gone away. A reply that
@@ -456,6 +469,17 @@ def _is_answer(msg: m.ServerToWorker) -> bool:
 
 _local = threading.local()
 _process_link: WorkerLink | None = None
+_UPSTREAM: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "dlserve_upstream", default=None
+)
+
+
+def upstream_context(chain: list[str]) -> contextvars.Context:
+    """A context in which ``WorkerLink.upstream`` is ``chain``: an ``execute`` coroutine
+    that runs beside others of the same instance keeps its own requests' chain."""
+    context = contextvars.copy_context()
+    context.run(_UPSTREAM.set, chain)
+    return context
 
 
 def install(link: WorkerLink, *, process_wide: bool = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -163,6 +164,10 @@ class InferenceRequest:
     # (models with sequence_batching { iterative_sequence: true }: the worker says so)
     _release_flags: int = _RELEASE_ALL
     _reschedulable: bool = False
+    # a request given to a model that is not decoupled: its response sender, made by the
+    # worker at the first get_response_sender() and the same one after
+    _open_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
+    _rid = 0  # the worker's number for such a request
 
     def __init__(
         self,
@@ -280,12 +285,16 @@ class InferenceRequest:
         return self._cancelled
 
     def get_response_sender(self) -> InferenceResponseSender:
-        if self._sender is None:
-            raise TritonModelException(
-                "get_response_sender() is only available to models that use the decoupled "
-                "transaction policy (model_transaction_policy { decoupled: true })"
-            )
-        return self._sender
+        """The request's sender: any number of responses for a decoupled model, exactly
+        one for a model that is not (Triton 24.06 and later), sent before or after
+        ``execute`` returns. A request the model built (BLS) has one that cannot send."""
+        sender = self._sender
+        if sender is None:
+            opener = self._open_sender
+            if opener is not None:  # the worker keeps it (not this request: see answers.py)
+                return opener(self)
+            sender = self._sender = InferenceResponseSender(self, None)
+        return sender
 
     def set_release_flags(self, flags: int) -> None:
         """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: when ``execute`` returns, this
@@ -329,38 +338,90 @@ def _bls() -> Any:
 
 
 class InferenceResponseSender:
-    """``request.get_response_sender()`` of a decoupled model: responses, then the final flag.
+    """``request.get_response_sender()``: responses, then the final flag, with Triton's
+    rules and messages (python_backend's ``response_sender.cc``).
 
     ``emit`` (the worker's) sends one response (or none) with the flags; it may be called
-    from any thread of the model.
+    from any thread of the model. None: the request was built by the model (BLS), whose
+    sender cannot send. A model that is not decoupled (``decoupled=False``) sends exactly
+    one response, the final flag with it or after it; ``on_refused`` hears of a send
+    these rules refuse (the exception is raised to the model as well).
     """
 
     def __init__(
         self,
         request: InferenceRequest,
-        emit: Callable[[InferenceResponse | None, int], None],
+        emit: Callable[[InferenceResponse | None, int], None] | None,
+        *,
+        decoupled: bool = True,
+        on_refused: Callable[[TritonModelException], None] | None = None,
     ) -> None:
         self._request = request
         self._emit = emit
+        self._decoupled = decoupled
+        self._on_refused = on_refused
         self._closed = False
+        self._sent = 0  # sends counted (a bare final flag too), as Triton counts them
+        self._lock = threading.Lock()  # sends may come from several threads
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
-        if response is None and flags != _FINAL:
+        if flags not in (0, _FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
             raise TritonModelException(
-                "Inference Response object must be provided when the response flags is not "
-                "set to TRITONSERVER_RESPONSE_COMPLETE_FINAL."
+                "Inference Response object must be provided when the response flags is set to zero."
             )
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(
                 f"send() takes a pb_utils.InferenceResponse, not {type(response).__name__}"
             )
-        if flags not in (0, _FINAL):
-            raise TritonModelException(f"unknown response flags {flags}")
-        if flags == _FINAL:
-            self._closed = True
+        self._count(response is not None, flags)
+        assert self._emit is not None  # _count refuses a sender without one
         self._emit(response, flags)
+
+    def _count(self, has_response: bool, flags: int) -> None:
+        """Count one send, or raise Triton's message for a send its rules refuse."""
+        with self._lock:
+            refusal = self._refusal(has_response, flags)
+            if refusal is None:
+                if flags == _FINAL:
+                    self._closed = True
+                self._sent += 1
+                return
+        error = TritonModelException(refusal)
+        if self._on_refused is not None:
+            self._on_refused(error)
+        raise error
+
+    def _refusal(self, has_response: bool, flags: int) -> str | None:
+        if self._emit is None:
+            return (
+                "Unable to send response. Response sender has no reference to the decoupled "
+                "state of the model."
+            )
+        if not self._decoupled:
+            if has_response and self._sent > 0:
+                return SENT_TWICE
+            if not has_response and flags == _FINAL and self._sent == 0:
+                return (
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response."
+                )
+        if self._closed:
+            return "Unable to send response. Response sender has been closed."
+        return None
+
+    def _count_returned(self) -> None:
+        """``execute`` returned a response for this (not decoupled) request: it counts as
+        the one response, sent with the final flag."""
+        self._count(True, _FINAL)
+
+    def _close(self) -> bool:
+        """Close it (the request ended otherwise); whether it was open."""
+        with self._lock:
+            was_open = not self._closed
+            self._closed = True
+            return was_open
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
@@ -371,6 +432,7 @@ class InferenceResponseSender:
 
 
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SENT_TWICE = "Unable to send response. Non-decoupled model cannot send more than one response."
 
 
 class InferenceResponse:

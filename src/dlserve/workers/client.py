@@ -70,6 +70,7 @@ class _Pending:
     arena_offsets: list[int]
     stream: StreamSink | None = None  # decoupled: where its responses go
     refs: list[m.TensorRef] | None = None  # where its inputs were placed (rescheduling)
+    notices: bool = False  # the callback also hears a ``deferred`` notice
 
 
 class CallSink(Protocol):
@@ -176,6 +177,9 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
 
     def _on_frame(self, msg: m.WorkerToServer, payload: memoryview) -> None:
         if isinstance(msg, m.InferDone):
+            if msg.deferred:  # execute returned; the response (and the inputs' end) later
+                self._on_deferred(msg, payload)
+                return
             pending = self._pending.pop(msg.rid, None)
             if pending is not None:
                 if msg.rescheduled:  # its inputs stay where they are for its next execute
@@ -207,6 +211,13 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                 self.give_back(arena, offset)
         elif self._control is not None and not self._control.done():
             self._control.set_result(msg)
+
+    def _on_deferred(self, msg: m.InferDone, payload: memoryview) -> None:
+        pending = self._pending.get(msg.rid)
+        if pending is not None and pending.notices:
+            pending.callback((msg, payload))
+        if msg.direct and self.calls is not None:
+            self.calls.on_direct(self, m.DirectStats(msg.direct))
 
     def send_answer(
         self,
@@ -243,7 +254,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             self.closed.set_result(reason)
 
     def death_reason(self) -> str:
-        return f"model instance '{self.label}' exited unexpectedly"
+        return errors.not_healthy(self.label)
 
     async def _reaped(self, timeout: float) -> None:
         """Wait (briefly) for the other side to be gone for good."""
@@ -313,13 +324,15 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
 
     def submit(
         self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback],
-        rids: Sequence[int | None] = (),
+        rids: Sequence[int | None] = (), *, notices: bool = False,
     ) -> list[int]:  # fmt: skip
         """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
         (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
         the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a new
         one): it keeps its inputs where they were placed (and a decoupled one its stream)
-        until it is done, or :meth:`forget` is called."""
+        until it is done, or :meth:`forget` is called. ``notices``: a callback is also
+        called, before the outcome, with a ``deferred`` InferDone when the execute returned
+        without the request's response (its model sends it later)."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
@@ -342,7 +355,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                     refs, inline, offsets = place_inputs(
                         self.input_arena, item.inputs, item.input_spans, payload, inline
                     )
-                    pending = _Pending(callback, offsets, refs=refs)
+                    pending = _Pending(callback, offsets, refs=refs, notices=notices)
                 placed.append((next(self._rids) if rid is None else rid, item, refs, offsets))
                 pendings.append(pending)
         except BaseException:

@@ -4,6 +4,7 @@ runs the server's, and answers on the connection they came on."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from dlserve.backend import cuda_peers, frames
@@ -27,10 +28,11 @@ def serve_direct(
         done, buffers = _answer(runner, worker, conn, msg, payload)
         if done.fences:  # the model's GPU work may be done by now: the caller need not wait
             done.fences = cuda_peers.unfinished(done.fences)
-        try:
-            _reply(worker, conn, done, buffers, runner)
-        except OSError:  # the caller is gone: what it was lent goes back
-            worker.served.lost(conn, runner.release)
+        if not done.deferred:  # deferred: the response goes when the model sends it
+            try:
+                _reply(worker, conn, done, buffers, runner)
+            except OSError:  # the caller is gone: what it was lent goes back
+                worker.served.lost(conn, runner.release)
         _tell_mapped(worker, msg)
     elif isinstance(msg, m.Release):
         runner.release(msg.offsets, msg.gpu)
@@ -62,15 +64,32 @@ def _reply(
 def _answer(
     runner: ModelRunner, worker: WorkerLink, conn: Served, msg: m.Infer, payload: memoryview
 ) -> tuple[m.InferDone, Sequence[bytes | memoryview]]:
-    reply = runner.infer(msg, payload)
+    reply = runner.infer(msg, payload, functools.partial(_send_late, runner, worker, conn))
     if reply is None:  # decoupled: the server never offers such a model for direct calls
         done = m.InferDone(msg.rid, error="a decoupled model was called directly",
                            error_code="internal")  # fmt: skip
         reply = done, []
     done, buffers = reply
     done.outputs = [worker.served.lent_ref(conn, ref) for ref in done.outputs]
-    done.direct = worker.direct.take_records()  # its own direct calls: the caller forwards
+    if not done.deferred:  # (not sent: they ride with a later frame)
+        done.direct = worker.direct.take_records()  # its own direct calls: the caller forwards
     return done, buffers
+
+
+def _send_late(
+    runner: ModelRunner, worker: WorkerLink, conn: Served, done: m.InferDone,
+    buffers: list[memoryview],
+) -> None:  # fmt: skip
+    """A response the model sent after its ``execute`` returned (from any thread of it):
+    the caller, which has this connection to itself until it is answered, reads it there."""
+    done.outputs = [worker.served.lent_ref(conn, ref) for ref in done.outputs]
+    try:
+        _reply(worker, conn, done, buffers, runner)
+    except OSError:  # the caller is gone (its connection may be dropped already): ours back
+        offsets = [ref.offset for ref in done.outputs if ref.where == m.Where.PEER_ARENA]
+        lent = [ref.lend for ref in done.outputs if ref.where == m.Where.CUDA_IPC and ref.lend]
+        conn.given_back(offsets, lent)
+        runner.release(offsets, lent)
 
 
 def _tell_mapped(worker: WorkerLink, msg: m.Infer) -> None:
