@@ -109,13 +109,18 @@ def _serve_until_exit(repository: Path, *args: str) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_exit_on_error_stops_the_server_when_a_model_fails_to_load(tmp_path: Path) -> None:
-    """As Triton by default: exit status 1, the failed model and its reason said, the good
+@pytest.mark.parametrize(
+    "flag", [[], ["--exit-on-error"], ["--exit-on-error", "true"]], ids=["default", "bare", "true"]
+)
+def test_exit_on_error_stops_the_server_when_a_model_fails_to_load(
+    tmp_path: Path, flag: list[str]
+) -> None:
+    """As Triton, by default: exit status 1, the failed model and its reason said, the good
     model's worker stopped (the server's own shared memory is memfds: nothing in /dev/shm;
     test_lifecycle.py checks /dev/shm at shutdown)."""
     repository = repository_of(tmp_path / "repo", EXAMPLES / "add_sub", TEST_MODELS / "bad_config")
     workers_before = _workers()
-    done = _serve_until_exit(repository, "--exit-on-error", "true")
+    done = _serve_until_exit(repository, *flag)
     assert done.returncode == 1, done.stderr
     assert "failed to load all models (--exit-on-error): bad_config:" in done.stderr
     assert "add_sub" not in done.stderr.split("failed to load all models")[1]
@@ -131,10 +136,9 @@ def _workers() -> set[int]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("flag", [[], ["--exit-on-error", "false"]], ids=["default", "false"])
-def test_without_exit_on_error_the_other_models_serve(tmp_path: Path, flag: list[str]) -> None:
+def test_without_exit_on_error_the_other_models_serve(tmp_path: Path) -> None:
     repository = repository_of(tmp_path, EXAMPLES / "add_sub", TEST_MODELS / "bad_config")
-    with run_server(repository, *flag) as server:
+    with run_server(repository, "--exit-on-error", "false") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert not client.is_model_ready("bad_config")
         _add_sub(client)

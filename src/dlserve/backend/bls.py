@@ -85,6 +85,9 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     except ChannelClosed:
         worker.close_call(call)
         raise TritonModelException("the connection to the server is closed") from None
+    except BaseException:  # the frame could not be sent (frames.sendable says why)
+        worker.close_call(call)
+        raise
     return worker, call
 
 
@@ -108,13 +111,17 @@ class ResponseIterator:
     says why); cancelling it, or its being collected unfinished, ends the callee's
     request."""
 
-    def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
+    def __init__(
+        self, worker: link.WorkerLink, call: int, inputs: list[Tensor],
+        first: tuple[m.BlsReply, memoryview] | None = None,
+    ) -> None:  # fmt: skip
         self._worker = worker
         self._call = call
         self._done = False  # no more responses will come (the final one, or cancelled)
         self._responses: list[InferenceResponse] = []
         self._next = 0  # once done: the index of the next response to give again
         self._inputs = inputs  # the callee may read the caller's memory until the end
+        self._first = first  # the first answer, read already (async_exec)
 
     def __iter__(self) -> ResponseIterator:
         if self._done and self._next >= len(self._responses):
@@ -127,7 +134,10 @@ class ResponseIterator:
                 raise StopIteration
             self._next += 1
             return self._responses[self._next - 1]
-        reply, payload = _next_reply(self._worker, self._call)
+        if self._first is not None:
+            (reply, payload), self._first = self._first, None
+        else:
+            reply, payload = _next_reply(self._worker, self._call)
         answer = response(self._worker, reply, payload)
         self._responses.append(answer)
         if reply.final:
@@ -188,8 +198,15 @@ async def async_execute(
             if answer is not None:
                 return answer
     worker, call = _send(request, decoupled)
-    if decoupled:
-        return ResponseIterator(worker, call, request.inputs())
+    if decoupled:  # the first response is awaited here, as Triton's async_exec does: a
+        # model that iterates then does not hold its event loop while the callee works
+        try:
+            first = await asyncio.to_thread(_next_reply, worker, call)
+        except BaseException:
+            worker.close_call(call)
+            worker.stop_call_later(call)
+            raise
+        return ResponseIterator(worker, call, request.inputs(), first)
     try:
         reply, payload = await asyncio.to_thread(_next_reply, worker, call)
     finally:

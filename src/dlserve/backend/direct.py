@@ -336,6 +336,14 @@ class DirectCalls:
             conn.busy.release()
             self.lost(target, conn)
             return None
+        except codec.UnencodableFrame as failed:  # nothing was sent: this call fails
+            if release is not None:
+                conn.returns.extendleft(reversed(release.offsets + [-g for g in release.gpu]))
+                conn.lent += len(release.offsets) + len(release.gpu)
+            conn.busy.release()
+            raise errors.InvalidArgumentError(
+                f"BLS call to '{target.model}' cannot be sent: {failed.cause}"
+            ) from None
         return DirectCall(self, target, conn, sent, batch)
 
     def _by_reference(self, ref: m.TensorRef) -> m.TensorRef:
@@ -365,11 +373,14 @@ class DirectCall:
         while True:
             try:
                 msg, payload = conn.channel.recv()
+            except codec.UnreadableFrame as bad:
+                unread = self._unreadable(bad)
+                if unread is None:
+                    continue  # not the answer: it is still to come
+                return unread, bad.payload
             except (ChannelClosed, OSError):
                 self._give_up()
-                raise errors.WorkerDiedError(
-                    f"model instance '{conn.instance.name}' exited unexpectedly"
-                ) from None
+                raise errors.WorkerDiedError(errors.not_healthy(conn.instance.name)) from None
             except BaseException:  # a broken frame, KeyboardInterrupt: the connection goes
                 self._give_up()
                 raise
@@ -380,6 +391,20 @@ class DirectCall:
             if isinstance(msg, m.DirectBye):
                 self._give_up()
                 return None
+
+    def _unreadable(self, bad: codec.UnreadableFrame) -> m.InferDone | None:
+        """The callee's answer cannot be read: the call fails (the connection goes on), and
+        what the answer lent goes back to the callee. None: ``bad`` was another frame."""
+        if bad.kind is not m.InferDone:
+            return None
+        lent = [ref for ref in bad.fields.get("outputs", []) if ref.where == m.Where.PEER_ARENA
+                or (ref.where == m.Where.CUDA_IPC and ref.lend)]  # fmt: skip
+        for ref in lent:
+            self.conn.give_back(ref.region, ref.offset if ref.lend == 0 else -ref.lend)
+        self.conn.lent += len(lent)
+        error = (f"model '{self.target.model}' (instance '{self.conn.instance.name}') sent "
+                 f"{bad.what}: {bad.cause}")  # fmt: skip
+        return m.InferDone(bad.ident or 0, error=error, error_code="internal")
 
     def _give_up(self) -> None:
         self.conn.busy.release()

@@ -16,6 +16,11 @@ waiting at an instance is still the server's: a client that leaves cancels it (t
 answers it without running it), and if the instance dies before it started it goes back to
 the head of the queue, as if it had never left.
 
+An instance is free again when its ``execute`` returns, which its worker's reply says; a
+model that is not decoupled may send a request's response after that (its reply is then a
+``deferred`` notice, and the response follows), and a decoupled model's ``async def
+execute`` returns, for the scheduler, as soon as the worker has started it.
+
 Nothing here runs in a task of its own: requests are dispatched when one arrives, when
 an instance answers, when an instance restarts, and on a timer for queue delays and
 timeouts.
@@ -69,6 +74,7 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._idle: asyncio.Future[None] | None = None  # drain() waits on it
+        self._deferred = 0  # requests whose execute returned, their responses still to come
         self._warned_cross_device = False
         # a request alone may go straight to a free instance (no queue delay to wait)
         self._direct = self.policy.delay_ns == 0
@@ -157,7 +163,7 @@ class Scheduler:
     def dispatch(self) -> None:
         """Send what can go now to free instances; wake up later for what must wait."""
         if not len(self.queue):
-            if not self._busy and self._idle is not None and not self._idle.done():
+            if self._is_idle() and self._idle is not None and not self._idle.done():
                 self._idle.set_result(None)
             return
         now = time.monotonic_ns()
@@ -181,8 +187,12 @@ class Scheduler:
         self._update_pending()
         if len(self.queue):
             self._wake_up(now, wait)
-        elif not self._busy and self._idle is not None and not self._idle.done():
+        elif self._is_idle() and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def _is_idle(self) -> bool:
+        """Nothing executing, and no response still to come from a returned execute."""
+        return not self._busy and not self._deferred
 
     def _any_live(self) -> bool:
         return any(w is not None and w.alive for w in self.pool.workers)
@@ -272,7 +282,7 @@ class Scheduler:
             on_reply = self._on_reply if job.sink is None else self._on_stream_end
             callbacks.append(functools.partial(on_reply, execution, job))
         try:
-            rids = worker.submit([job.item for job in live], callbacks)
+            rids = worker.submit([job.item for job in live], callbacks, notices=True)
         except errors.DlserveError as exc:
             for job in live:
                 fail_job(job, exc)
@@ -308,12 +318,21 @@ class Scheduler:
             self.dispatch()
 
     def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
+        """A request's reply, its failure, or the notice that its execute returned without
+        its response (``deferred``: the model sends it later, and the instance is free)."""
         worker = execution.worker
         if isinstance(outcome, tuple):
-            if not execution.answered and self._flight.answered(execution):
-                self._update_pending()  # the one waiting behind it starts
-            if outcome[0].timings is not None:
-                self._record_execution(execution, outcome[0].timings)
+            done = outcome[0]
+            if not job.returned:  # the reply says that the execute returned
+                if not execution.answered and self._flight.answered(execution):
+                    self._update_pending()  # the one waiting behind it starts
+                if done.timings is not None:
+                    self._record_execution(execution, done.timings)
+            if done.deferred:
+                job.returned = True
+                self._deferred += 1
+                self._returned(execution)
+                return
             if job.future.done():  # its client went away meanwhile
                 worker.discard(outcome)
             else:
@@ -327,6 +346,15 @@ class Scheduler:
             self._requeue(job)  # it never started: another instance (or the restart) runs it
         else:
             fail_job(job, outcome)
+        if job.returned:  # a deferred response: its instance was free already
+            self._deferred -= 1
+            if not self._deferred:
+                self.dispatch()  # drain() may be waiting for it
+            return
+        self._returned(execution)
+
+    def _returned(self, execution: Execution) -> None:
+        """One of ``execution``'s requests is done with its instance."""
         execution.remaining -= 1
         if execution.remaining == 0:
             self._flight.done(execution)
@@ -357,7 +385,7 @@ class Scheduler:
         """Wait (up to ``timeout`` s) until nothing is queued or executing: a version being
         unloaded takes no new requests, and finishes the ones it has."""
         deadline = time.monotonic() + timeout
-        while (self._waiting() or self._busy) and time.monotonic() < deadline:
+        while (self._waiting() or not self._is_idle()) and time.monotonic() < deadline:
             self._idle = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait_for(self._idle, deadline - time.monotonic())

@@ -146,6 +146,7 @@ class Shutdown(_Msg, tag=4):
 class MetricValueReply(_Msg, tag=5):
     call: int
     value: float
+    error: str = ""  # the call could not be answered (its frame could not be read)
 
 
 class UnmapRegions(_Msg, tag=6):
@@ -245,6 +246,10 @@ class InferDone(_Msg, tag=103):
     # GPU work of the model's not waited for (its request was ``fenced``): the caller
     # orders its own work on the lent outputs and its inputs after these
     fences: list[Fence] = []
+    # no response yet: the request's execute() returned (the instance is free) and the
+    # model holds its response sender; the response comes in a later InferDone (a model
+    # that is not decoupled may answer after execute returns)
+    deferred: bool = False
 
 
 class StreamResponse(_Msg, tag=104):

@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd-socket", type=int, default=-1, help="descriptors from the server")
     parser.add_argument("--busy-poll-us", type=int, default=0)
     args = parser.parse_args(argv)
+    # The model sees the command line Triton's stub gives it (its embedded interpreter has
+    # none): argparse or unittest.main() in a model must not find the worker's options.
+    sys.argv = [""]
     _die_with_parent()
     # The server decides when we stop: Ctrl-C in a terminal, systemd and `timeout` signal
     # the whole process group, and the requests in flight must still finish. A worker

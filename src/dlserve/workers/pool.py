@@ -125,7 +125,7 @@ class WorkerPool:
                 return
             self.workers[index] = None
             await worker.stop(timeout=1.0)
-            log.error("%s; restarting it", reason)
+            log.error("%s Restarting it.", reason)
             await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
             try:
                 await self._start_instance(index, None)
