@@ -1,4 +1,4 @@
-"""GPU tensors through CUDA shared memory: the seeds' path, end to end (needs a GPU).
+"""GPU tensors through CUDA shared memory, end to end (needs a GPU).
 
 dlserve serves ``benchmarks/models_gpu`` (``cuda_double``: OUTPUT_0 = INPUT_0 * 2 on the
 GPU through DLPack). Each client is a separate process with unmodified tritonclient.grpc;
@@ -10,8 +10,8 @@ concurrent clients (throughput).
     python benchmarks/bench_cuda.py [--duration S] [--clients 1,4,8] [--busy-poll-us US] [--mps]
         [--json PATH]
 
-The reference is Triton 2.51's Python backend on the same kind of machine (an H200), as
-measured for the issue: p50 947 us (0.6 MB) and 2707 us (77 MB) at 1 client, 2078 req/s
+The reference is Triton 2.51's Python backend on the same kind of machine (an H200):
+p50 947 us (0.6 MB) and 2707 us (77 MB) at 1 client, 2078 req/s
 (0.6 MB, 8 clients) and 408 req/s (77 MB, 4 clients). Targets: dlserve's p50 at most 1/3 of
 Triton's, its throughput at least 1.5x. A benchmark, not a test: it checks one answer per
 client and nothing else.
@@ -39,7 +39,7 @@ import _triton  # a sibling module, not a package
 MODELS = Path(__file__).resolve().parent / "models_gpu"
 MODEL = "cuda_double"
 SIZES = {"0.6MB": [1, 3, 224, 224], "77MB": [128, 3, 224, 224], "48B": [1, 3, 2, 2]}
-TRITON = {  # size -> (p50 us at 1 client, req/s, clients) measured for the issue on an H200
+TRITON = {  # size -> (p50 us at 1 client, req/s, clients) Triton 2.51 on an H200
     "0.6MB": (947.0, 2078.0, 8),
     "77MB": (2707.0, 408.0, 4),
     "48B": (float("nan"), float("nan"), 0),  # no reference: dlserve's floor for this path
@@ -142,7 +142,7 @@ def print_server_side(before: dict[str, float], after: dict[str, float]) -> None
 
 def report(rows: list[Row]) -> None:
     print(f"{'size':<6} {'clients':>7} {'requests':>9} {'p50 us':>9} {'p99 us':>9} {'req/s':>9}"
-          f"  vs Triton 2.51 (issue's H200 numbers)")  # fmt: skip
+          f"  vs Triton 2.51 (reference numbers, H200)")  # fmt: skip
     for row in rows:
         p50_ref, rate_ref, ref_clients = TRITON[row.size]
         if row.clients == 1:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
             "reference": {
-                "server": "Triton 2.51 Python backend (issue's H200 numbers)",
+                "server": "Triton 2.51 Python backend (reference numbers, H200)",
                 "numbers": TRITON,
             },
             "results": [asdict(row) for row in rows],

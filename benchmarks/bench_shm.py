@@ -12,8 +12,8 @@ tritonclient.grpc, one client, one request in flight:
     .venv/bin/python benchmarks/bench_shm.py [--servers dlserve,triton]
         [--requests N | --duration S] [--rounds R] [--paths shm,wire] [--json PATH]
 
-Prints p50 and p99 latency (microseconds) per server and path, and the ratio the issue
-asks for: dlserve's shared-memory p50 over Triton's (target: at most 0.3). A benchmark,
+Prints p50 and p99 latency (microseconds) per server and path, and the ratio it is
+judged by: dlserve's shared-memory p50 over Triton's (target: at most 0.3). A benchmark,
 not a test: it checks one answer per server and path and nothing else.
 """
 

@@ -135,11 +135,13 @@ def example_server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="session")
 def test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """tests/models (models made to fail, raise, and check behaviour), explicit control mode."""
+    """tests/models (models made to fail, raise, and check behaviour), explicit control mode;
+    the models that fail to load are UNAVAILABLE, the others serve (--exit-on-error false)."""
     repository = tmp_path_factory.mktemp("repo")
     for model in TEST_MODELS.iterdir():
         shutil.copytree(model, repository / model.name)
-    with run_server(repository, "--model-control-mode", "explicit", "--load-model", "*") as server:
+    flags = ("--model-control-mode", "explicit", "--load-model", "*", "--exit-on-error", "false")
+    with run_server(repository, *flags) as server:
         yield server
 
 

@@ -136,9 +136,9 @@ def _model_options(group: Any) -> None:
         "config.pbtxt (Triton's option)",
     )  # fmt: skip
     group.add_argument(
-        "--exit-on-error", type=_flag, nargs="?", const=True, default=False, metavar="BOOL",
+        "--exit-on-error", type=_flag, nargs="?", const=True, default=True, metavar="BOOL",
         help="true: stop (exit status 1) when a model fails to load at startup, as Triton "
-        "does by default; false: serve the others, the failed ones UNAVAILABLE (default false)",
+        "does; false: serve the others, the failed ones UNAVAILABLE (default true)",
     )  # fmt: skip
     group.add_argument(
         "--disable-auto-complete-config", action="store_true",

@@ -11,7 +11,7 @@ Every failure that reaches a client is a :class:`DlserveError` carrying an
      +-- NotFoundError                 unknown model, version, input, region
      +-- AlreadyExistsError            a region name that is taken
      +-- UnavailableError              model not ready, queue full, worker restarting
-     |    +-- WorkerDiedError          the instance's process died while the request was in it
+     +-- WorkerDiedError               the instance's process died while the request was in it
      +-- UnsupportedError              a feature this server does not offer
      |    +-- DecoupledModelError      a one-response endpoint asked of a decoupled model
      +-- ModelError                    the model raised, or returned an error response
@@ -69,8 +69,18 @@ class UnavailableError(DlserveError):
     code = ErrorCode.UNAVAILABLE
 
 
-class WorkerDiedError(UnavailableError):
-    pass
+class WorkerDiedError(DlserveError):
+    """INTERNAL, as Triton answers for a stub process that died (its message: see
+    :func:`not_healthy`)."""
+
+    code = ErrorCode.INTERNAL
+
+
+def not_healthy(instance: str, ending: str = "") -> str:
+    """Triton's words for a model instance whose process is gone, which its tests look for;
+    ``ending``: how the process ended ("exited with code 1"), when known."""
+    text = f"Stub process '{instance}' is not healthy."
+    return f"{text} Its process {ending}." if ending else text
 
 
 class UnsupportedError(DlserveError):

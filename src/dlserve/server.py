@@ -42,7 +42,7 @@ class ServerOptions:
     metrics_host: str | None = None  # --metrics-address (default: the HTTP endpoint's)
     server_id: str = "dlserve"  # --id: the name in the server's metadata
     model_config_name: str = ""  # --model-config-name: configs/NAME.pbtxt where a model has it
-    exit_on_error: bool = False  # --exit-on-error: a model that fails to load stops the server
+    exit_on_error: bool = True  # --exit-on-error: a model that fails to load stops the server
     log_format: str = "default"  # --log-format
     cpu_metrics: bool = True  # --allow-cpu-metrics
     gpu_metrics: bool = True  # --allow-gpu-metrics

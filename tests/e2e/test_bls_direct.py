@@ -2,7 +2,8 @@
 through the server (core/direct.py, backend/direct.py), through a real server driven by
 unmodified tritonclient:
 
-- they do not pass through the server: with the server stopped (SIGSTOP), calls run;
+- they do not pass through the server: with the server stopped (SIGSTOP), calls run,
+  also those of a model that calls itself (each to an instance not waiting on the call);
 - the callee's statistics count them by the time the caller's client has its response,
   also down a chain of direct calls (a callee's own calls, forwarded by its caller);
 - the caller checks a call as the server would: the same error, counted as a failure;
@@ -13,11 +14,12 @@ unmodified tritonclient:
   unmaps it when the region is unregistered.
 
 test_bls.py's calls (sync, async, gather, zero copy, errors) go this way too where the
-callee allows it; its timeout, decoupled and circular calls go through the server.
+callee allows it; its timeout and decoupled calls go through the server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import select
@@ -37,7 +39,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import TEST_MODELS, FifoGate, RunningServer, repository_of, run_server
 
 DEADLINE_S = 60.0
-MODELS = ("bls_direct", "double", "crash", "in_place", "relay")
+MODELS = ("bls_direct", "double", "crash", "in_place", "relay", "recursive")
 
 
 @pytest.fixture(scope="module", params=[(), ("--busy-poll-us", "300")], ids=["", "busy-poll"])
@@ -119,6 +121,32 @@ def test_calls_run_while_the_server_is_stopped(
     assert statistics(client, "double")["inferences"] == before + 4
 
 
+def test_a_model_calls_itself_while_the_server_is_stopped(
+    server: RunningServer, client: grpcclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    """recursive (3 instances) recurses twice with DEPTH 2, the second time with the server
+    stopped: each call goes to an instance of its own model that is not waiting on it."""
+    gate = FifoGate(tmp_path)
+    done = tmp_path / f"done-{uuid.uuid4().hex}"
+    os.mkfifo(done)
+    results: queue.Queue[Any] = queue.Queue()
+    depth = grpcclient.InferInput("DEPTH", [1], "UINT8")
+    depth.set_data_from_numpy(np.array([2], dtype=np.uint8))
+    client.async_infer("recursive", [depth], lambda result, error: results.put(error or result),
+                       parameters={**gate.parameters, "done": str(done)})  # fmt: skip
+    gate.wait_started(DEADLINE_S)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        gate.open()
+        assert read_line(done) == b"done\n"  # the second recursion ran with the server stopped
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    outcome = results.get(timeout=DEADLINE_S)
+    assert not isinstance(outcome, Exception), outcome
+    added = {"bool_2": True, "int_2": 2, "str_2": "2", "bool_1": True, "int_1": 1, "str_1": "1"}
+    assert json.loads(outcome.as_numpy("PARAMETERS")[0]) == added
+
+
 def test_the_callee_s_statistics_count_direct_calls(
     client: grpcclient.InferenceServerClient,
 ) -> None:
@@ -172,7 +200,7 @@ def test_a_callee_that_dies_fails_the_call_and_is_called_again_once_restarted(
 ) -> None:
     x = np.array([1.0, 2.0], dtype=np.float32)
     np.testing.assert_array_equal(call(client, "crash", x).as_numpy("OUTPUT0"), x)
-    with pytest.raises(InferenceServerException, match="exited unexpectedly"):
+    with pytest.raises(InferenceServerException, match="Stub process 'crash_0_0' is not healthy"):
         call(client, "crash", np.array([-1.0], dtype=np.float32))
     while not client.is_model_ready("crash"):  # a restart takes as long as it takes
         pass
@@ -195,7 +223,7 @@ def test_an_unloaded_callee_fails_and_a_reloaded_one_is_called_again(
         doubled = call(client, "calls", x, count=2).as_numpy("OUTPUT0")
         np.testing.assert_array_equal(doubled, x * 2)
         client.unload_model("double")
-        with pytest.raises(InferenceServerException, match="unknown model: 'double'"):
+        with pytest.raises(InferenceServerException, match="Model 'double' is not ready"):
             call(client, "calls", x, count=1)
         client.load_model("double")
         before = statistics(client, "double")["inferences"]

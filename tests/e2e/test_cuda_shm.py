@@ -83,7 +83,9 @@ def _repository(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cuda_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(_repository(tmp_path_factory.mktemp("cuda_repo"))) as server:
+    repository = _repository(tmp_path_factory.mktemp("cuda_repo"))
+    # without a GPU the KIND_GPU models cannot load: the registration tests run all the same
+    with run_server(repository, "--exit-on-error", "false") as server:
         yield server
 
 

@@ -154,7 +154,8 @@ def test_an_environment_that_cannot_run_the_model_makes_it_unavailable_with_the_
     broken.write_bytes(b"not an archive")
     add_model(repository, "broken_archive", str(broken))
     add_model(repository, "fine", str(env_dir))
-    with run_server(repository) as server, grpcclient.InferenceServerClient(server.grpc_url) as c:
+    serving = run_server(repository, "--exit-on-error", "false")  # the failed ones are asked
+    with serving as server, grpcclient.InferenceServerClient(server.grpc_url) as c:
         states = reasons(c)
         assert states["fine"][0] == "READY"
         assert probe(c, "fine")["MARKER"] == "folder"
@@ -176,7 +177,8 @@ def test_a_python_without_msgspec_must_be_the_servers_version(
     other = (sys.version_info[0], sys.version_info[1] + 1)
     reply = f'{{"version": [{other[0]}, {other[1]}], "numpy": true, "msgspec": false}}'
     add_model(repository, "other_python", str(fake_python_env(tmp_path / "other", reply)))
-    with run_server(repository) as server, grpcclient.InferenceServerClient(server.grpc_url) as c:
+    serving = run_server(repository, "--exit-on-error", "false")
+    with serving as server, grpcclient.InferenceServerClient(server.grpc_url) as c:
         state, reason = reasons(c)["other_python"]
     assert state == "UNAVAILABLE"
     assert f"holds Python {other[0]}.{other[1]} and no msgspec; install msgspec" in reason

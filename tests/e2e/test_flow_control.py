@@ -297,7 +297,10 @@ def test_a_worker_killed_while_its_send_is_held(server: RunningServer) -> None:
             received = 0
             for message in call:  # the responses already on their way, then the error
                 if message.error_message:
-                    assert "model instance 'flood_0_0' exited unexpectedly" in message.error_message
+                    assert message.error_message == (
+                        "Stub process 'flood_0_0' is not healthy. "
+                        "Its process was killed by signal 9 (SIGKILL)."
+                    )
                     break
                 received += 1
         finally:

@@ -95,7 +95,7 @@ def test_a_request_waiting_at_an_instance_that_dies_goes_back_to_the_queue(
     crasher.gate.open()  # the instance exits
     crashed, requeued = crasher.outcome(), behind.outcome()
     assert isinstance(crashed, InferenceServerException), crashed
-    assert "exited unexpectedly" in str(crashed)
+    assert "Stub process 'gated_0_0' is not healthy." in str(crashed)
     assert isinstance(requeued, InferenceServerException), requeued
     assert "is available (restarting)" in str(requeued), requeued  # failed from the queue
     wait_pending(server, "gated", 0)

@@ -31,7 +31,8 @@ def readiness(grpc_url: str, http_url: str) -> tuple[bool, bool]:
 
 
 def test_a_model_that_failed_to_load_makes_the_server_not_ready(repository: Path) -> None:
-    with run_server(repository, "--model-control-mode", "explicit", "--load-model", "*") as s:
+    loaded = ("--model-control-mode", "explicit", "--load-model", "*", "--exit-on-error", "false")
+    with run_server(repository, *loaded) as s:
         assert readiness(s.grpc_url, s.http_url) == (False, False)
         with grpcclient.InferenceServerClient(s.grpc_url) as client:
             assert client.is_server_live()
@@ -43,5 +44,5 @@ def test_a_model_that_failed_to_load_makes_the_server_not_ready(repository: Path
 
 
 def test_without_strict_readiness_the_server_is_ready_once_started(repository: Path) -> None:
-    with run_server(repository, "--strict-readiness", "false") as s:
+    with run_server(repository, "--strict-readiness", "false", "--exit-on-error", "false") as s:
         assert readiness(s.grpc_url, s.http_url) == (True, True)

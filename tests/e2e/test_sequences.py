@@ -41,7 +41,8 @@ REPORTED = ("SUM", "PID", "START", "END", "READY", "CORRID", "ID", "FLAGS", "PAR
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     models = (TEST_MODELS / name for name in MODELS)
-    with run_server(repository_of(tmp_path_factory.mktemp("sequence_repo"), *models)) as running:
+    repository = repository_of(tmp_path_factory.mktemp("sequence_repo"), *models)
+    with run_server(repository, "--exit-on-error", "false") as running:  # sequence_oldest
         yield running
 
 

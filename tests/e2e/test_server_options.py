@@ -4,10 +4,13 @@ server driven by unmodified tritonclient."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -103,38 +106,57 @@ def test_a_model_config_name_with_a_space_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "must not contain spaces" in done.stderr
 
 
-def _serve_until_exit(repository: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _serve_until_exit(
+    repository: Path, *args: str, mark: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Run a server to its end; ``mark`` goes into its environment (its workers inherit it)."""
     command = [sys.executable, "-m", "dlserve", "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *args]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, WORKER_MARK: mark} if mark else None
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_exit_on_error_stops_the_server_when_a_model_fails_to_load(tmp_path: Path) -> None:
-    """As Triton by default: exit status 1, the failed model and its reason said, the good
+@pytest.mark.parametrize(
+    "flag", [[], ["--exit-on-error"], ["--exit-on-error", "true"]], ids=["default", "bare", "true"]
+)
+def test_exit_on_error_stops_the_server_when_a_model_fails_to_load(
+    tmp_path: Path, flag: list[str]
+) -> None:
+    """As Triton, by default: exit status 1, the failed model and its reason said, the good
     model's worker stopped (the server's own shared memory is memfds: nothing in /dev/shm;
     test_lifecycle.py checks /dev/shm at shutdown)."""
     repository = repository_of(tmp_path / "repo", EXAMPLES / "add_sub", TEST_MODELS / "bad_config")
-    workers_before = _workers()
-    done = _serve_until_exit(repository, "--exit-on-error", "true")
+    mark = uuid.uuid4().hex
+    done = _serve_until_exit(repository, *flag, mark=mark)
     assert done.returncode == 1, done.stderr
     assert "failed to load all models (--exit-on-error): bad_config:" in done.stderr
     assert "add_sub" not in done.stderr.split("failed to load all models")[1]
     assert "Started GRPCInferenceService" not in done.stdout  # it stopped before serving
-    assert _workers() <= workers_before  # add_sub's worker was stopped
+    # add_sub's worker was stopped: one still exiting is given a deadline, not more
+    _, alive = psutil.wait_procs(_workers_of(mark), timeout=WORKER_EXIT_S)
+    assert not alive
 
 
-def _workers() -> set[int]:
-    """The pids of every dlserve worker process on this machine."""
-    return {
-        p.pid for p in psutil.process_iter(["cmdline"])
-        if "dlserve.workers.main" in " ".join(p.info["cmdline"] or [])
-    }  # fmt: skip
+WORKER_MARK = "DLSERVE_TEST_SERVER_MARK"
+WORKER_EXIT_S = 10.0
 
 
-@pytest.mark.parametrize("flag", [[], ["--exit-on-error", "false"]], ids=["default", "false"])
-def test_without_exit_on_error_the_other_models_serve(tmp_path: Path, flag: list[str]) -> None:
+def _workers_of(mark: str) -> list[psutil.Process]:
+    """The dlserve worker processes started by the server whose environment has ``mark``
+    (not those of other servers running meanwhile)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "dlserve.workers.main" not in " ".join(process.info["cmdline"] or []):
+            continue
+        with contextlib.suppress(psutil.Error):  # gone meanwhile, or not ours to read
+            if process.environ().get(WORKER_MARK) == mark:
+                found.append(process)
+    return found
+
+
+def test_without_exit_on_error_the_other_models_serve(tmp_path: Path) -> None:
     repository = repository_of(tmp_path, EXAMPLES / "add_sub", TEST_MODELS / "bad_config")
-    with run_server(repository, *flag) as server:
+    with run_server(repository, "--exit-on-error", "false") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert not client.is_model_ready("bad_config")
         _add_sub(client)

@@ -1,4 +1,6 @@
-"""Frames over a real socketpair: every size, split anywhere, in both channel kinds."""
+"""Frames over a real socketpair: every size, split anywhere, in both channel kinds; a
+frame that cannot be read is reported with what could be read of it, and the frames after
+it are read as usual; a frame that cannot be encoded is not written at all."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import asyncio
 import socket
 import threading
 
+import msgspec
 import pytest
 
 from dlserve.ipc import codec
@@ -91,9 +94,13 @@ def test_blocking_channel_send_round_trips_to_async_channel() -> None:
             if len(received) == len(SIZES):
                 done.set_result(None)
 
+        def on_unreadable(bad: codec.UnreadableFrame) -> None:
+            raise AssertionError(f"a frame could not be read: {bad}")
+
         loop = asyncio.get_running_loop()
         await loop.create_unix_connection(
-            lambda: AsyncChannel(codec.to_server, on_frame, lambda exc: None), sock=ours
+            lambda: AsyncChannel(codec.to_server, on_frame, lambda exc: None, on_unreadable),
+            sock=ours,
         )
         sender = BlockingChannel(theirs, codec.to_worker)
         for rid, size in enumerate(SIZES):
@@ -119,3 +126,112 @@ def test_every_message_is_in_its_direction_s_union() -> None:
         tag = message.__struct_config__.tag
         assert isinstance(tag, int)
         assert message in (to_worker if tag < 100 else to_server), message.__name__
+
+
+def _raw_frame(header: object, payload: bytes = b"") -> bytes:
+    """A frame whose header is ``header`` as msgpack, whatever the message types say."""
+    encoded = header if isinstance(header, bytes) else msgspec.msgpack.encode(header)
+    return codec.PREFIX.pack(len(encoded), len(payload)) + encoded + payload
+
+
+def _good(rid: int) -> bytes:
+    return b"".join(bytes(b) for b in codec.encode(m.Infer(rid, "ok", [], []), [b"pay"]))
+
+
+# An Infer whose request id is bytes (a str field), one of an unknown tag, and bytes that
+# are not msgpack at all: the first is told by its kind and rid, the others by nothing.
+BAD_FRAMES = [
+    (_raw_frame([2, 41, b"bytes id", [], []], b"xyz"), m.Infer, 41, b"xyz"),
+    (_raw_frame([99, 42], b"q"), None, None, b"q"),
+    (_raw_frame(b"\xc1\xc1", b""), None, None, b""),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "kind", "ident", "payload"), BAD_FRAMES, ids=["bytes-id", "unknown-tag", "garbage"]
+)
+def test_blocking_channel_reads_on_after_an_unreadable_frame(
+    frame: bytes, kind: type | None, ident: int | None, payload: bytes
+) -> None:
+    ours, theirs = socket.socketpair()
+    channel = BlockingChannel(theirs, codec.to_worker)
+    stream = _good(1) + frame + _good(2) + b"".join(_frames()[8:10])
+    writer = threading.Thread(target=ours.sendall, args=(stream,))
+    writer.start()
+    assert channel.recv()[0] == m.Infer(1, "ok", [], [])
+    with pytest.raises(codec.UnreadableFrame) as raised:
+        channel.recv()
+    bad = raised.value
+    assert (bad.kind, bad.ident, bytes(bad.payload)) == (kind, ident, payload)
+    assert channel.recv()[0] == m.Infer(2, "ok", [], [])
+    for rid in (8, 9):  # large frames after it (read straight into their own buffers)
+        msg, data = channel.recv()
+        assert isinstance(msg, m.Infer) and msg.rid == rid
+        assert bytes(data) == _payload(SIZES[rid], rid)
+    writer.join()
+    ours.close()
+    channel.close()
+
+
+def test_an_unreadable_reply_keeps_what_can_be_read_of_it() -> None:
+    """Its request id, its fields that hold their types, and where each output's bytes
+    are, even that of an output whose name is bytes (its memory can go back)."""
+    header = [103, 7, [[b"OUT", "FP32", [2], 2, 4096, 8], ["ok", "FP32", [1], 0, 0, 4]],
+              "", "", None, {"k": [1]}]  # fmt: skip
+    with pytest.raises(codec.UnreadableFrame) as raised:
+        codec.to_server.decode(msgspec.msgpack.encode(header))
+    bad = raised.value
+    assert bad.kind is m.InferDone and bad.ident == 7
+    assert "Expected `str`, got `bytes`" in bad.cause
+    first, second = bad.fields["outputs"]
+    assert (first.name, first.where, first.offset, first.nbytes) == ("", m.Where.OUTPUT_ARENA,
+                                                                    4096, 8)  # fmt: skip
+    assert second == m.TensorRef("ok", "FP32", [1], m.Where.PAYLOAD, 0, 4)
+    assert "parameters" not in bad.fields  # a list is no parameter value
+
+
+def test_async_channel_reports_an_unreadable_frame_and_reads_on() -> None:
+    async def main() -> tuple[list[int], list[codec.UnreadableFrame], bool]:
+        ours, theirs = socket.socketpair()
+        rids: list[int] = []
+        bad: list[codec.UnreadableFrame] = []
+        lost: list[Exception | None] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on_frame(msg: m.WorkerToServer, payload: memoryview) -> None:
+            assert isinstance(msg, m.InferDone)
+            rids.append(msg.rid)
+            if msg.rid == 3:
+                done.set_result(None)
+
+        loop = asyncio.get_running_loop()
+        await loop.create_unix_connection(
+            lambda: AsyncChannel(codec.to_server, on_frame, lost.append, bad.append), sock=ours
+        )
+        frames = [codec.encode(m.InferDone(1)), [_raw_frame([105, 9, b"model", []], b"in")],
+                  [_raw_frame(b"\xc1")], codec.encode(m.InferDone(3))]  # fmt: skip
+        stream = b"".join(bytes(piece) for frame in frames for piece in frame)
+        await loop.sock_sendall(theirs, stream)
+        await asyncio.wait_for(done, 30)
+        theirs.close()
+        return rids, bad, bool(lost)
+
+    rids, bad, lost = asyncio.run(main())
+    assert rids == [1, 3] and not lost
+    assert [(b.kind, b.ident, bytes(b.payload)) for b in bad] == [(m.BlsCall, 9, b"in"),
+                                                                  (None, None, b"")]  # fmt: skip
+
+
+def test_a_frame_that_cannot_be_encoded_is_not_written() -> None:
+    ours, theirs = socket.socketpair()
+    sender = BlockingChannel(ours, codec.to_server)
+    receiver = BlockingChannel(theirs, codec.to_server)
+    with pytest.raises(codec.UnencodableFrame) as raised:
+        sender.send(m.InferDone(1, error="\udc80"), [b"x"])
+    assert raised.value.message == m.InferDone(1, error="\udc80")
+    with pytest.raises(codec.UnencodableFrame):  # a batch: none of it is written
+        sender.send_many([(m.InferDone(2), [b"y"]), (m.LoadFailed("\udc80"), ())])
+    sender.send(m.InferDone(3))
+    assert receiver.recv()[0] == m.InferDone(3)
+    sender.close()
+    receiver.close()

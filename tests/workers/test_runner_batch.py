@@ -93,6 +93,7 @@ def test_a_wrong_number_of_responses_fails_every_request(runner: ModelRunner) ->
     batch, payload = items(np.array([-1.0]), np.array([2.0]))  # -1: one response short
     replies = runner.execute(batch, [], payload)
     assert [done.error for done, _ in replies] == [
+        "Failed to process the request(s) for model 'batch_0', message: "
         "Number of InferenceResponse objects do not match the number of InferenceRequest "
         "objects. InferenceRequest(s) size is:2, and InferenceResponse(s) size is:1"
     ] * 2

@@ -24,12 +24,28 @@ from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import ChannelClosed
 
+_FORKED = (
+    "{what} cannot be used in a process the model forked (multiprocessing's 'fork' start "
+    "method): that process shares its instance's connection to the server. Make the call "
+    "in the model's own process (from a thread, or with async_exec)"
+)
+_OUTSIDE_EXECUTE = "BLS is only supported during the 'execute' function."  # Triton's
+
 
 def _worker(what: str) -> link.WorkerLink:
     worker = link.current()
     if worker is None:
+        if link.forked():
+            raise TritonModelException(_FORKED.format(what=what))
         raise TritonModelException(f"{what} is only available inside a model's execute()")
     return worker
+
+
+def _serving(what: str) -> None:
+    """BLS calls are made once ``initialize`` has returned and until ``finalize`` starts
+    (from ``execute`` or from threads the model started), as in Triton."""
+    if not _worker(what).serving:
+        raise TritonModelException(_OUTSIDE_EXECUTE)
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -62,13 +78,16 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     call = worker.next_call_id()
     msg = _call_message(request, call, decoupled)
     msg.inputs = refs
-    msg.chain = [*worker.upstream, worker.model_name]  # this model is upstream of the callee
+    msg.chain = [*worker.upstream, worker.instance]  # this instance waits for the callee
     worker.open_call(call)
     try:
         worker.send(msg, payload)
     except ChannelClosed:
         worker.close_call(call)
         raise TritonModelException("the connection to the server is closed") from None
+    except BaseException:  # the frame could not be sent (frames.sendable says why)
+        worker.close_call(call)
+        raise
     return worker, call
 
 
@@ -85,28 +104,51 @@ def _next_reply(worker: link.WorkerLink, call: int) -> tuple[m.BlsReply, memoryv
 class ResponseIterator:
     """The responses of a BLS call to a decoupled model, the empty final one included.
 
-    The server forwards them as they come (not held back by what this iterator has taken:
-    core/bls.py says why); cancelling it, or its being collected unfinished, ends the
-    callee's request."""
+    As Triton's: it keeps every response it has given, so that once the last has come a
+    new iteration (``for`` again, after the previous one ran to its end) starts over from
+    the first; an iteration left early resumes where it stopped. The server forwards the
+    responses as they come (not held back by what this iterator has taken: core/bls.py
+    says why); cancelling it, or its being collected unfinished, ends the callee's
+    request."""
 
-    def __init__(self, worker: link.WorkerLink, call: int, inputs: list[Tensor]) -> None:
+    def __init__(
+        self, worker: link.WorkerLink, call: int, inputs: list[Tensor],
+        first: tuple[m.BlsReply, memoryview] | None = None,
+    ) -> None:  # fmt: skip
         self._worker = worker
         self._call = call
-        self._done = False
+        self._done = False  # no more responses will come (the final one, or cancelled)
+        self._responses: list[InferenceResponse] = []
+        self._next = 0  # once done: the index of the next response to give again
         self._inputs = inputs  # the callee may read the caller's memory until the end
+        self._first = first  # the first answer, read already (async_exec)
 
     def __iter__(self) -> ResponseIterator:
+        if self._done and self._next >= len(self._responses):
+            self._next = 0  # the previous iteration ran to its end: start over
         return self
 
     def __next__(self) -> InferenceResponse:
         if self._done:
-            raise StopIteration
-        reply, payload = _next_reply(self._worker, self._call)
+            if self._next >= len(self._responses):
+                raise StopIteration
+            self._next += 1
+            return self._responses[self._next - 1]
+        if self._first is not None:
+            (reply, payload), self._first = self._first, None
+        else:
+            reply, payload = _next_reply(self._worker, self._call)
+        answer = response(self._worker, reply, payload)
+        self._responses.append(answer)
         if reply.final:
-            self._done = True
-            self._inputs = []
-            self._worker.close_call(self._call)
-        return response(self._worker, reply, payload)
+            self._finish()
+        return answer
+
+    def _finish(self) -> None:
+        self._done = True
+        self._next = len(self._responses)  # this iteration has given them all
+        self._inputs = []
+        self._worker.close_call(self._call)
 
     def _credit(self, msg: m.BlsCredit) -> None:
         with contextlib.suppress(ChannelClosed):  # the server is gone: nothing to tell
@@ -116,8 +158,7 @@ class ResponseIterator:
         """Stop listening: responses still coming are dropped, and the callee's request
         is cancelled (it sees ``is_cancelled()``)."""
         if not self._done:
-            self._done = True
-            self._worker.close_call(self._call)
+            self._finish()
             self._credit(m.BlsCredit(self._call, stop=True))
 
     def __del__(self) -> None:
@@ -127,6 +168,7 @@ class ResponseIterator:
 
 
 def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator:
+    _serving("InferenceRequest.exec()")
     if not decoupled:
         started = start_direct(request)
         if started is not None:
@@ -147,6 +189,7 @@ async def async_execute(
     request: InferenceRequest, decoupled: bool
 ) -> InferenceResponse | ResponseIterator:
     """As :func:`execute`; the wait runs in a thread so the model's loop goes on."""
+    _serving("InferenceRequest.async_exec()")
     if not decoupled:
         started = start_direct(request)
         if started is not None:
@@ -155,8 +198,15 @@ async def async_execute(
             if answer is not None:
                 return answer
     worker, call = _send(request, decoupled)
-    if decoupled:
-        return ResponseIterator(worker, call, request.inputs())
+    if decoupled:  # the first response is awaited here, as Triton's async_exec does: a
+        # model that iterates then does not hold its event loop while the callee works
+        try:
+            first = await asyncio.to_thread(_next_reply, worker, call)
+        except BaseException:
+            worker.close_call(call)
+            worker.stop_call_later(call)
+            raise
+        return ResponseIterator(worker, call, request.inputs(), first)
     try:
         reply, payload = await asyncio.to_thread(_next_reply, worker, call)
     finally:

@@ -3,10 +3,11 @@ the server, where that can be done (``direct.py`` keeps the connections; the ser
 side is ``core/direct.py``).
 
 A call goes direct when it has no timeout, no trace, no sequence id or flags, is not
-decoupled, and the server says the callee may be called so; when one of the callee's
-instances is free on this worker's connections; and when the callee is not upstream of
-this call (that is the server's error to give). Everything else, and a call the callee
-did not run because it was stopping, goes through the server as before.
+decoupled, and the server says the callee may be called so; and when one of the
+callee's instances that is not upstream of this call (in its call chain: it waits for
+this call) is free on this worker's connections. Everything else, and a call the callee
+did not run because it was stopping, goes through the server as before (which refuses
+a call whose chain holds every instance of the callee, with its message).
 """
 
 from __future__ import annotations
@@ -48,15 +49,13 @@ def start_direct(request: InferenceRequest) -> Started | InferenceResponse | Non
     worker = link.current()
     if worker is None or not request.model_name() or not _plain(request):
         return None
-    chain = [*worker.upstream, worker.model_name]
-    if request.model_name() in chain:
-        return None  # the server refuses the cycle, with its message
+    chain = [*worker.upstream, worker.instance]  # this instance waits for the callee
     target = worker.direct.target(request.model_name(), int(request.model_version()))
     if target is None:
         return None
-    conn = target.take(_device(request.inputs()))
-    if conn is None:
-        return None  # every instance is busy with this worker's calls: the server queues it
+    conn = target.take(_device(request.inputs()), chain)
+    if conn is None:  # every instance not upstream is busy with this worker's calls (the
+        return None  # server queues it), or none is left (the server says so)
     devices: set[int] = set()  # of GPU inputs: fenced, not waited for
     try:
         refs, payload = encode_inputs(request.inputs(), worker.memory, devices)

@@ -44,17 +44,18 @@ class CallSpec(msgspec.Struct, gc=False):
     request_id: str
     outputs: list[str]
     parameters: dict[str, m.ParamValue]
-    chain: list[str]  # the models upstream of the callee, this one last
+    chain: list[str]  # the instances upstream of the callee (m.chain_entry), this one last
 
 
 class Connection:
     """The caller's end of a socket to one callee instance."""
 
-    def __init__(self, fd: int, instance: m.DirectInstance, spin_ns: int) -> None:
+    def __init__(self, fd: int, instance: m.DirectInstance, spin_ns: int, entry: str) -> None:
         self.channel: BlockingChannel[m.WorkerToServer] = BlockingChannel(
             socket.socket(fileno=fd), codec.to_server, spin_ns
         )
         self.instance = instance
+        self.entry = entry  # the instance as a call chain names it
         self.busy = threading.Lock()  # held by the call using it
         self.returns: deque[int] = deque()  # lent outputs given back: offset, or -lend id
         self.lent = 0  # outputs lent over it not given back yet (changed while ``busy``)
@@ -116,12 +117,15 @@ class Target:
             self._passed[form] = batch
         return batch
 
-    def take(self, device: int | None) -> Connection | None:
-        """A free connection, on ``device`` where one is; None when all are busy."""
+    def take(self, device: int | None, chain: list[str]) -> Connection | None:
+        """A free connection, on ``device`` where one is, to an instance not in the call's
+        ``chain`` (each there waits for this call); None when all such are busy."""
         ordered = self.connections
         if device is not None and len(ordered) > 1:
             ordered = sorted(ordered, key=lambda c: c.instance.device != device)
         for conn in ordered:
+            if conn.entry in chain:
+                continue
             if not conn.closed and conn.busy.acquire(blocking=False):
                 return conn
         return None
@@ -200,7 +204,10 @@ class DirectCalls:
             return msg.error if msg.lasting else None
         self.arenas = (msg.arena_ids, msg.arena_paths)
         spin = link.spin_ns
-        connections = [Connection(fd, i, spin) for fd, i in zip(fds, msg.instances, strict=True)]
+        connections = [
+            Connection(fd, i, spin, m.chain_entry(model, msg.model_version, i.name))
+            for fd, i in zip(fds, msg.instances, strict=True)
+        ]
         self.active = True
         return Target(model, msg, connections)
 
@@ -329,6 +336,14 @@ class DirectCalls:
             conn.busy.release()
             self.lost(target, conn)
             return None
+        except codec.UnencodableFrame as failed:  # nothing was sent: this call fails
+            if release is not None:
+                conn.returns.extendleft(reversed(release.offsets + [-g for g in release.gpu]))
+                conn.lent += len(release.offsets) + len(release.gpu)
+            conn.busy.release()
+            raise errors.InvalidArgumentError(
+                f"BLS call to '{target.model}' cannot be sent: {failed.cause}"
+            ) from None
         return DirectCall(self, target, conn, sent, batch)
 
     def _by_reference(self, ref: m.TensorRef) -> m.TensorRef:
@@ -358,11 +373,14 @@ class DirectCall:
         while True:
             try:
                 msg, payload = conn.channel.recv()
+            except codec.UnreadableFrame as bad:
+                unread = self._unreadable(bad)
+                if unread is None:
+                    continue  # not the answer: it is still to come
+                return unread, bad.payload
             except (ChannelClosed, OSError):
                 self._give_up()
-                raise errors.WorkerDiedError(
-                    f"model instance '{conn.instance.name}' exited unexpectedly"
-                ) from None
+                raise errors.WorkerDiedError(errors.not_healthy(conn.instance.name)) from None
             except BaseException:  # a broken frame, KeyboardInterrupt: the connection goes
                 self._give_up()
                 raise
@@ -373,6 +391,20 @@ class DirectCall:
             if isinstance(msg, m.DirectBye):
                 self._give_up()
                 return None
+
+    def _unreadable(self, bad: codec.UnreadableFrame) -> m.InferDone | None:
+        """The callee's answer cannot be read: the call fails (the connection goes on), and
+        what the answer lent goes back to the callee. None: ``bad`` was another frame."""
+        if bad.kind is not m.InferDone:
+            return None
+        lent = [ref for ref in bad.fields.get("outputs", []) if ref.where == m.Where.PEER_ARENA
+                or (ref.where == m.Where.CUDA_IPC and ref.lend)]  # fmt: skip
+        for ref in lent:
+            self.conn.give_back(ref.region, ref.offset if ref.lend == 0 else -ref.lend)
+        self.conn.lent += len(lent)
+        error = (f"model '{self.target.model}' (instance '{self.conn.instance.name}') sent "
+                 f"{bad.what}: {bad.cause}")  # fmt: skip
+        return m.InferDone(bad.ident or 0, error=error, error_code="internal")
 
     def _give_up(self) -> None:
         self.conn.busy.release()

@@ -8,9 +8,15 @@ models raise) for a failure inside the model.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
+from dlserve.backend import arguments
 from dlserve.errors import ErrorCode
+
+_ERROR_SIGNATURE: Final = (
+    f"{arguments.MODULE}.TritonError(message: str, code: {arguments.MODULE}.TritonError."
+    "__ErrorCode = <__ErrorCode.INTERNAL: 1>)"
+)
 
 
 class TritonError(Exception):
@@ -25,11 +31,15 @@ class TritonError(Exception):
     ALREADY_EXISTS: ClassVar[int] = 6
     CANCELLED: ClassVar[int] = 7
 
-    def __init__(self, message: str, code: int = 1) -> None:
-        if not isinstance(message, str):
-            raise TypeError(f"TritonError message must be a str, not {type(message).__name__}")
-        if isinstance(code, bool) or not isinstance(code, int) or code not in _CODES:
-            raise TypeError(f"TritonError code must be one of TritonError's codes, not {code!r}")
+    def __init__(self, message: str | bytes, code: int = 1) -> None:
+        try:
+            message = arguments.text(message, "TritonError's message", message=True)
+            if isinstance(code, bool) or not isinstance(code, int) or code not in _CODES:
+                raise arguments.NotText
+        except arguments.NotText:
+            raise arguments.incompatible(
+                "__init__", _ERROR_SIGNATURE, {"message": message, "code": code}
+            ) from None
         super().__init__(message)
         self._message = message
         self._code = int(code)
@@ -48,6 +58,16 @@ class TritonError(Exception):
         return self._message
 
 
+def unchecked_error(message: str, code: int = TritonError.INTERNAL) -> TritonError:
+    """A TritonError that dlserve makes itself, around text a model gave (an exception's,
+    which may hold anything): not checked as a model's arguments are; the frame that
+    carries it makes its text sendable."""
+    error = TritonError.__new__(TritonError)
+    Exception.__init__(error, message)
+    error._message, error._code = message, code
+    return error
+
+
 _CODES: dict[int, ErrorCode] = {
     TritonError.UNKNOWN: ErrorCode.UNKNOWN,
     TritonError.INTERNAL: ErrorCode.INTERNAL,
@@ -61,9 +81,10 @@ _CODES: dict[int, ErrorCode] = {
 
 
 class TritonModelException(Exception):
-    """Raised by models (and by pb_utils) for a failure inside the model."""
+    """Raised by models (and by pb_utils) for a failure inside the model. Any object is a
+    message, as for any exception (Triton's is a plain Python exception): ``str()`` of it."""
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: object = "") -> None:
         super().__init__(message)
         self._message = str(message)
 

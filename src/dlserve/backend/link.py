@@ -21,7 +21,9 @@ process-wide default, so that threads the model starts find it.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
+import os
 import select
 import socket
 import threading
@@ -30,11 +32,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from dlserve.backend import cuda_peers
+from dlserve.backend import cuda_peers, frames
 from dlserve.backend.direct import DirectCalls
 from dlserve.backend.direct_serving import Served, ServedCalls, receive_fds
 from dlserve.backend.errors import TritonModelException
 from dlserve.backend.link_flow import FlowControl, Window
+from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 
@@ -72,21 +75,38 @@ class WorkerLink(FlowControl):
         self._peer_releases: deque[tuple[int, int]] = deque()  # (arena, offset) mapped by BLS
         self._call_stops: deque[int] = deque()  # decoupled BLS calls nobody listens to now
         self.model_name = ""  # set when a Load arrives; Logger lines carry it
-        self.upstream: list[str] = []  # BLS: the models upstream of the request executing
+        self._upstream: list[str] = []  # BLS: the instances upstream of the request executing
+        self.instance = ""  # this instance in a BLS call chain (``m.chain_entry``)
+        # between the end of initialize and the start of finalize: BLS calls may be made
+        self.serving = False
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
         # flow control: decoupled requests' responses not yet taken by the consumer, by rid
         self._windows: dict[int, Window] = {}
         self.stopping = False  # Shutdown has come: a send held back is given up
 
+    @property
+    def upstream(self) -> list[str]:
+        """BLS: the instances upstream of the request executing (a call into one of them is
+        circular); that of the coroutine asking, where ``execute`` coroutines run side by
+        side (:func:`upstream_context`)."""
+        chain = _UPSTREAM.get()
+        return self._upstream if chain is None else chain
+
+    @upstream.setter
+    def upstream(self, chain: list[str]) -> None:
+        self._upstream = chain
+
     def send(self, message: m._Msg, payload: Sequence[bytes | memoryview] = ()) -> None:
-        """Send one frame; raises ChannelClosed when the server has gone away."""
+        """Send one frame; raises ChannelClosed when the server has gone away. A reply that
+        cannot be encoded goes as its request's error; another frame that cannot be, as
+        TritonModelException (``frames.sendable``)."""
         with self._send_lock:
             try:
                 records = self.direct.take_records()
                 if not records:  # the usual: one frame as it is
-                    self._channel.send(message, payload)
+                    self._send_one(message, payload)
                 else:
-                    self._channel.send_many(_with_records([(message, payload)], records))
+                    self._send_frames(_with_records([(message, payload)], records))
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
@@ -99,12 +119,31 @@ class WorkerLink(FlowControl):
         with self._send_lock:
             try:
                 records = self.direct.take_records()
-                self._channel.send_many(_with_records(frames, records) if records else frames)
+                self._send_frames(_with_records(frames, records) if records else frames)
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
         self.direct.flush()
+
+    def _send_one(self, message: m._Msg, payload: Sequence[bytes | memoryview]) -> None:
+        try:
+            self._channel.send(message, payload)
+        except codec.UnencodableFrame as failed:  # what stands in for it (frames.sendable)
+            substitute = frames.sendable(failed, self.model_name, self.on_release)
+            self._send_frames([(substitute, payload)])
+
+    def _send_frames(self, batch: Sequence[tuple[m._Msg, Sequence[bytes | memoryview]]]) -> None:
+        """``batch`` in one system call; those that cannot be encoded replaced first (a
+        reply may be replaced twice: its text made UTF-8, then by its request's error)."""
+        for _ in range(2 * len(batch)):
+            try:
+                self._channel.send_many(batch)
+                return
+            except codec.UnencodableFrame as failed:
+                substitute = frames.sendable(failed, self.model_name, self.on_release)
+                batch = frames.replace(batch, failed, substitute)
+        self._channel.send_many(batch)
 
     def _send_pending(self) -> None:
         """What waits to ride along with a frame: peer releases, BLS call stops."""
@@ -193,9 +232,22 @@ class WorkerLink(FlowControl):
             self._stop_reading()
         try:
             return source.channel.recv(), source
+        except codec.UnreadableFrame as bad:  # that call fails; the connection goes on
+            self._answer_unreadable(source, bad)
+            return None
         except (ChannelClosed, OSError):
             self.served.lost(source, self.on_release)
             return None
+
+    def _answer_unreadable(self, source: Served, bad: codec.UnreadableFrame) -> None:
+        reply = frames.error_reply(bad, "a direct caller")
+        if reply is None:
+            frames.report(bad, "a direct caller")
+            return
+        try:
+            source.channel.send(reply)
+        except OSError:
+            self.served.lost(source, self.on_release)
 
     def _served_frame(self, frame: Frame | None) -> bool:
         """Give up the reader role and route ``frame``; True: it is the serve loop's."""
@@ -290,6 +342,8 @@ class WorkerLink(FlowControl):
             raise TritonModelException(f"the server did not answer within {timeout:g} s")
         reply = answer[0]
         assert isinstance(reply, m.MetricValueReply)
+        if reply.error:
+            raise TritonModelException(reply.error)
         return reply
 
     # -- reading ------------------------------------------------------------------------
@@ -303,6 +357,8 @@ class WorkerLink(FlowControl):
                 if not readable:
                     return None
             return self._channel.recv()
+        except codec.UnreadableFrame as bad:
+            return self._unreadable(bad)
         except (ChannelClosed, OSError, ValueError):
             self._closed = True  # seen by the others once the role is given up
             return None
@@ -310,6 +366,24 @@ class WorkerLink(FlowControl):
             with self._lock:
                 self._stop_reading()
             raise
+
+    def _unreadable(self, bad: codec.UnreadableFrame) -> Frame | None:
+        """A frame from the server that cannot be read: the error answer it stands for (the
+        call that waits for it fails), a request's error reply sent back, or nothing."""
+        for fd in receive_fds(self._fd_socket, frames.descriptors(bad)):  # came beside it
+            os.close(fd)
+        answer = frames.error_answer(bad, "the server")
+        if answer is not None:
+            return answer, bad.payload
+        reply = frames.error_reply(bad, "the server")
+        if reply is None:
+            frames.report(bad, "the server")
+            return None
+        try:
+            self.send(reply)
+        except ChannelClosed:
+            self._closed = True
+        return None
 
     def _direct_frame(self, msg: m.DirectTargets | m.DirectAccept | m.DirectStale) -> None:
         """Direct BLS bookkeeping; descriptors that came beside a frame are picked up now,
@@ -398,6 +472,17 @@ def _is_answer(msg: m.ServerToWorker) -> bool:
 
 _local = threading.local()
 _process_link: WorkerLink | None = None
+_UPSTREAM: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "dlserve_upstream", default=None
+)
+
+
+def upstream_context(chain: list[str]) -> contextvars.Context:
+    """A context in which ``WorkerLink.upstream`` is ``chain``: an ``execute`` coroutine
+    that runs beside others of the same instance keeps its own requests' chain."""
+    context = contextvars.copy_context()
+    context.run(_UPSTREAM.set, chain)
+    return context
 
 
 def install(link: WorkerLink, *, process_wide: bool = False) -> None:
@@ -420,3 +505,25 @@ def current() -> WorkerLink | None:
     """This thread's link, else the process default; None outside a worker."""
     link: WorkerLink | None = getattr(_local, "link", None)
     return link if link is not None else _process_link
+
+
+_forked = False  # this process is a copy of a worker, forked by the model's code
+
+
+def forked() -> bool:
+    """Whether this process was forked from a worker (``multiprocessing`` with its default
+    'fork' start method, inside ``execute``): it has no link of its own."""
+    return _forked
+
+
+def _drop_links_in_child() -> None:
+    """A forked copy of a worker shares the worker's sockets: a frame it sent would mix
+    with the worker's, and an answer it read would be lost to the worker. So it has no
+    link at all, and what needs the server fails at once in it (``forked()`` says why)."""
+    global _forked, _process_link, _local
+    _forked = True
+    _process_link = None
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_drop_links_in_child)

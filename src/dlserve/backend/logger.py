@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import ClassVar, Final
 
-from dlserve.backend import link
+from dlserve.backend import arguments, link
 
 _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 _write_lock: Final = threading.Lock()
@@ -96,30 +96,54 @@ class Logger:
     VERBOSE: ClassVar[_Level] = _Level.VERBOSE
 
     @staticmethod
-    def log(message: str, level: _Level = _Level.INFO) -> None:
-        level = _Level(level)
-        if not enabled(level):
-            return
-        filename, lineno = _caller()
-        worker = link.current()
-        model = worker.model_name if worker is not None else ""
-        line = format_line(str(message), level, filename, lineno, model)
-        with _write_lock:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+    def log(message: str | bytes, level: _Level = _Level.INFO) -> None:
+        """One line at ``level`` (a LogLevel: a plain number is refused, as in Triton)."""
+        try:
+            if not isinstance(level, _Level):
+                raise arguments.NotText
+            message = arguments.text(message, "the log message", message=True)
+        except arguments.NotText:
+            raise arguments.incompatible("log", _LOG_SIGNATURE, (message, level)) from None
+        _write(message, level)
 
     @staticmethod
-    def log_info(message: str) -> None:
-        Logger.log(message, _Level.INFO)
+    def log_info(message: str | bytes) -> None:
+        _log_one("log_info", message, _Level.INFO)
 
     @staticmethod
-    def log_warn(message: str) -> None:
-        Logger.log(message, _Level.WARNING)
+    def log_warn(message: str | bytes) -> None:
+        _log_one("log_warn", message, _Level.WARNING)
 
     @staticmethod
-    def log_error(message: str) -> None:
-        Logger.log(message, _Level.ERROR)
+    def log_error(message: str | bytes) -> None:
+        _log_one("log_error", message, _Level.ERROR)
 
     @staticmethod
-    def log_verbose(message: str) -> None:
-        Logger.log(message, _Level.VERBOSE)
+    def log_verbose(message: str | bytes) -> None:
+        _log_one("log_verbose", message, _Level.VERBOSE)
+
+
+_LOG_SIGNATURE: Final = (
+    f"(message: str, level: {arguments.MODULE}.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
+)
+
+
+def _log_one(function: str, message: object, level: LogLevel) -> None:
+    """``Logger.log_info`` and its siblings: one argument, the message."""
+    try:
+        text = arguments.text(message, "the log message", message=True)
+    except arguments.NotText:
+        raise arguments.incompatible(function, "(message: str) -> None", (message,)) from None
+    _write(text, level)
+
+
+def _write(message: str, level: LogLevel) -> None:
+    if not enabled(level):
+        return
+    filename, lineno = _caller()
+    worker = link.current()
+    model = worker.model_name if worker is not None else ""
+    line = format_line(message, level, filename, lineno, model)
+    with _write_lock:
+        sys.stderr.write(line)
+        sys.stderr.flush()

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final
 
-from dlserve.backend import link
+from dlserve.backend import arguments, link
 from dlserve.backend.errors import TritonModelException
 from dlserve.ipc import messages as m
 
 _METRIC_NAME: Final = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_FAMILY_SIGNATURE: Final = (
+    f"{arguments.MODULE}.MetricFamily(name: str, description: str, kind: "
+    f"{arguments.MODULE}.MetricKind)"
+)
 
 
 class MetricKind(enum.IntEnum):
@@ -57,21 +62,32 @@ def _link(what: str) -> link.WorkerLink:
 
 
 def _labels(labels: object) -> dict[str, str]:
+    """The labels as Triton takes them: a dict that ``json.dumps`` writes (its TypeError
+    for values JSON has no form of, bytes among them), of label names and string values."""
     if labels is None:
         return {}
     if not isinstance(labels, Mapping):
         raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+    json.dumps(labels)
     result: dict[str, str] = {}
     for key, value in labels.items():
         if not isinstance(key, str) or not _LABEL_NAME.match(key) or key.startswith("__"):
             raise TritonModelException(f"Failed to create metric. Invalid label name {key!r}.")
-        if not isinstance(value, str):
+        if not isinstance(value, str) or not _utf8(value):
             raise TritonModelException(
                 f"Failed to create metric. The value of label '{key}' must be a string, "
                 f"not {type(value).__name__}."
             )
         result[key] = value
     return result
+
+
+def _utf8(value: str) -> bool:
+    try:
+        arguments.text(value, "a label value")
+    except arguments.NotText:
+        return False
+    return True
 
 
 def _buckets(kind: MetricKind, buckets: object) -> list[float]:
@@ -101,13 +117,18 @@ class MetricFamily:
     GAUGE: ClassVar[MetricKind] = MetricKind.GAUGE
     HISTOGRAM: ClassVar[MetricKind] = MetricKind.HISTOGRAM
 
-    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
-        if not isinstance(name, str) or not _METRIC_NAME.match(name):
+    def __init__(self, name: str | bytes, description: str | bytes, kind: MetricKind) -> None:
+        """Triton's arguments: the name and description may be bytes (UTF-8)."""
+        try:
+            name = arguments.text(name, "the metric family's name")
+            description = arguments.text(description, "the metric family's description")
+        except arguments.NotText:
+            raise arguments.incompatible(
+                "__init__", _FAMILY_SIGNATURE, {"name": name, "description": description,
+                                                 "kind": kind}
+            ) from None  # fmt: skip
+        if not _METRIC_NAME.match(name):
             raise TritonModelException(f"Error when creating MetricFamily: invalid name {name!r}")
-        if not isinstance(description, str):
-            raise TritonModelException(
-                "Error when creating MetricFamily: description must be a str"
-            )
         try:
             self._kind = MetricKind(kind)
         except ValueError:

@@ -19,15 +19,17 @@ one-time warning on stderr) instead of raising.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from dlserve.backend import gpu
+from dlserve.backend import arguments, gpu
 from dlserve.backend.errors import TritonModelException
 from dlserve.tensors import dlpack, dtypes
 
+_SIGNATURE: Final = f"{arguments.MODULE}.Tensor(arg0: str, arg1: numpy.ndarray)"
+_FROM_DLPACK: Final = f"(self: str, arg0: object) -> {arguments.MODULE}.Tensor"  # pybind11's
 _NOT_CONTIGUOUS = (
     "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in "
     "C-Order are supported."
@@ -64,13 +66,19 @@ class Tensor:
     __slots__ = ("_array", "_dtype", "_gpu", "_keepalive", "_name", "_on_legacy_stream")
 
     def __init__(
-        self, name: str, numpy_array: npt.ArrayLike, dtype: str | int | None = None
+        self, name: str | bytes, numpy_array: npt.ArrayLike, dtype: str | int | None = None
     ) -> None:
-        """``pb_utils.Tensor(name, numpy_array)``.
+        """``pb_utils.Tensor(name, numpy_array)``; the name may be bytes (UTF-8).
 
         ``dtype`` (dlserve's addition: a wire name such as "BF16", or a TYPE_* code)
         reinterprets the array's bytes as that type, e.g. uint16 bit patterns as BF16.
         """
+        try:
+            if numpy_array is None:
+                raise arguments.NotText
+            name = arguments.text(name, "Tensor name")
+        except arguments.NotText:
+            raise arguments.incompatible("__init__", _SIGNATURE, (name, numpy_array)) from None
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = numpy_array if type(numpy_array) is np.ndarray else np.asarray(numpy_array)
@@ -162,8 +170,12 @@ class Tensor:
         return (dlpack.CPU, 0)
 
     @classmethod
-    def from_dlpack(cls, name: str, tensor: object) -> Tensor:
+    def from_dlpack(cls, name: str | bytes, tensor: object) -> Tensor:
         """A Tensor sharing the producer's memory; the producer lives as long as it does."""
+        try:
+            name = arguments.text(name, "Tensor name")
+        except arguments.NotText:
+            raise arguments.incompatible("from_dlpack", _FROM_DLPACK, (name, tensor)) from None
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         if type(tensor) is Tensor:  # a BLS output passed on, say: shared without a capsule

@@ -9,6 +9,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from dlserve.backend import arguments
 from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.backend.request import InferenceRequest, InferenceResponse
 from dlserve.backend.tensor import Tensor
@@ -83,6 +84,12 @@ def get_output_buffer(
     system shared-memory region, or when the output goes back in the response, a host
     tensor. ``dtype`` is a wire name ("FP32"), a TYPE_* code or a numpy dtype.
     """
+    try:
+        name = arguments.text(name, "the output's name")
+    except arguments.NotText:
+        raise arguments.incompatible(
+            "get_output_buffer", _BUFFER_SIGNATURE, (request, name, shape, dtype)
+        ) from None
     resolved = _dtype_of(dtype)
     if resolved is None:
         raise TritonModelException(f"get_output_buffer('{name}'): unknown data type {dtype!r}")
@@ -96,6 +103,11 @@ def get_output_buffer(
     except TritonError as exc:
         raise TritonModelException(exc.message()) from None
     return tensor
+
+
+_BUFFER_SIGNATURE: Final = (
+    "(request: InferenceRequest, name: str, shape: List[int], dtype: object) -> Tensor"
+)
 
 
 def _dtype_of(dtype: str | int | Any) -> dtypes.DType | None:
@@ -187,22 +199,73 @@ def deserialize_bytes_tensor(
 # -- model management from model code (Triton's BLS model loading API) ----------------------
 
 
-def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+def load_model(
+    model_name: str | bytes, config: str | bytes = "", files: Mapping[str, bytes] | None = None
+) -> None:
     """Load (or reload) ``model_name``, optionally with ``config`` (JSON) and the model's
     ``files`` (``"file:<path>"`` -> bytes, which then need ``config``), as Triton's model
     control API does; the server must run with ``--model-control-mode explicit``."""
     from dlserve.backend import bls
 
-    bls.control("load", model_name, config=config, files=dict(files or {}))
+    try:
+        name = arguments.text(model_name, "model_name")
+        text = arguments.text(config, "config")
+    except arguments.NotText:
+        given = {"model_name": model_name, "config": config, "files": files}
+        raise arguments.incompatible("load_model", _LOAD_SIGNATURE, given) from None
+    bls.control("load", name, config=text, files=_model_files(name, files))
 
 
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+def _model_files(model_name: str, files: object) -> dict[str, bytes]:
+    """Triton's ``files``: None, or a dict of paths (text) to contents (bytes), refused
+    with Triton's messages (pybind11's TypeError for a path or content it cannot cast)."""
+    if files is None:
+        return {}
+    if not isinstance(files, Mapping):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths "
+            "and file contents"
+        )
+    result: dict[str, bytes] = {}
+    for path, content in files.items():
+        try:
+            key = arguments.text(path, "a file path")
+        except arguments.NotText:
+            raise TypeError(
+                f"Object of type '{type(path).__name__}' is not an instance of 'str'"
+            ) from None
+        if not isinstance(content, bytes):
+            raise TypeError(
+                f"Object of type '{type(content).__name__}' is not an instance of 'bytes'"
+            )
+        result[key] = bytes(content)
+    return result
+
+
+def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> None:
     from dlserve.backend import bls
 
-    bls.control("unload", model_name, unload_dependents=unload_dependents)
+    try:
+        name = arguments.text(model_name, "model_name")
+        dependents = arguments.flag(unload_dependents)
+    except arguments.NotText:
+        given = {"model_name": model_name, "unload_dependents": unload_dependents}
+        raise arguments.incompatible("unload_model", _UNLOAD_SIGNATURE, given) from None
+    bls.control("unload", name, unload_dependents=dependents)
 
 
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
+def is_model_ready(model_name: str | bytes, model_version: str | bytes = "") -> bool:
     from dlserve.backend import bls
 
-    return bls.control("ready", model_name, model_version=str(model_version))
+    try:
+        name = arguments.text(model_name, "model_name")
+        version = arguments.text(model_version, "model_version")
+    except arguments.NotText:
+        given = {"model_name": model_name, "model_version": model_version}
+        raise arguments.incompatible("is_model_ready", _READY_SIGNATURE, given) from None
+    return bls.control("ready", name, model_version=version)
+
+
+_LOAD_SIGNATURE: Final = "(model_name: str, config: str = '', files: object = None) -> None"
+_UNLOAD_SIGNATURE: Final = "(model_name: str, unload_dependents: bool = False) -> None"
+_READY_SIGNATURE: Final = "(model_name: str, model_version: str = '') -> bool"

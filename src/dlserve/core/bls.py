@@ -2,11 +2,15 @@
 
 A worker's BlsCall becomes an :class:`InferRequest` that goes through the same path as a
 client's (version lookup, validation, instance choice, statistics); its responses go
-back to the caller as BlsReply frames. A call into a model that is already upstream of
-it (A -> B -> A, or A -> A) is refused: its instance may be the one waiting, and the
-call would wait for itself. A call's ``timeout`` (microseconds, as Triton's) bounds the
-wait; past it the caller gets Triton's "Request timeout expired" and the callee's
-request is marked cancelled.
+back to the caller as BlsReply frames. The call chain (the instances upstream of the
+call, ``m.chain_entry``) travels with it: the callee's scheduler never gives it one of
+those instances (each waits for this call), and a call into a model whose every instance
+is in its chain is refused at once, since it could only wait for itself; any other call,
+a model calling itself included, is served. A call's ``timeout`` (microseconds, as
+Triton's) is the callee's request timeout, as a client's ``timeout`` is (its queue policy
+applies it; the model reads it in ``request.timeout()``); it also bounds the caller's
+wait: past it the caller gets Triton's "Request timeout expired", and the callee's
+request runs to its end (it may be reading the caller's memory), its answer dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlserve import errors
 from dlserve.core.direct import DirectLinks
+from dlserve.core.scheduler import TIMEOUT
 from dlserve.core.sequence_config import (
     FLAG_END,
     FLAG_START,
@@ -27,6 +32,7 @@ from dlserve.core.sequence_config import (
     SEQUENCE_START,
 )
 from dlserve.core.streams import Call, StreamItem
+from dlserve.core.versions import ModelVersion
 from dlserve.ipc import messages as m
 from dlserve.types import (
     ArenaSpan,
@@ -54,14 +60,25 @@ _NOT_DECOUPLED_CALL = (
 )
 
 
-def cycle_error(chain: list[str], callee: str) -> errors.DlserveError | None:
-    """The refusal of a call into a model already upstream of it, or None."""
-    if callee not in chain:
+_NOT_READY = "Failed for execute the inference request. Model '{name}' is not ready."  # Triton's
+
+
+def cycle_error(chain: list[str], callee: ModelVersion) -> errors.DlserveError | None:
+    """The refusal of a call that no instance of its callee could run: every one is
+    upstream of it in its call chain, waiting (directly or not) for this very call."""
+    pool = callee.pool
+    if not chain or pool is None:
         return None
-    path = " -> ".join([*chain, callee])
+    held = set(chain)
+    if not all(entry in held for entry in pool.chain_entries):
+        return None
+    name = callee.name
+    path = " -> ".join([*(m.chain_model(entry) for entry in chain), name])
+    count = len(pool.chain_entries)
     return errors.UnavailableError(
-        f"circular BLS call {path}: model '{callee}' is already waiting on this call chain, "
-        "so the call could wait for itself; dlserve refuses it instead of deadlocking"
+        f"circular BLS call {path}: every instance of model '{name}' ({count}) is already "
+        "waiting on this call chain, so the call could only wait for itself; dlserve "
+        "refuses it instead of deadlocking"
     )
 
 
@@ -100,9 +117,7 @@ class BlsRouter:
         answer = _Answer(caller, msg.call)
         staged = [r.offset for r in msg.inputs if r.where == m.Where.OUTPUT_ARENA]
         try:
-            refused = cycle_error(msg.chain, msg.model_name)
-            if refused is not None:
-                raise refused
+            self._check_callee(msg)
             request, call = self._request(caller, msg, payload)
             if msg.timeout_us <= 0:  # the common case: no extra task on the way
                 await self._run(request, call, msg, answer)
@@ -122,6 +137,18 @@ class BlsRouter:
             log.exception("BLS call to model '%s' failed", msg.model_name)
             answer.fail(errors.InternalError(str(exc)))
         caller.release_staged(staged)
+
+    def _check_callee(self, msg: m.BlsCall) -> None:
+        """A call to a model (or version) the server does not serve fails with Triton's
+        message; a call that no instance could run is refused (``cycle_error``)."""
+        version = "" if msg.model_version < 0 else str(msg.model_version)
+        try:
+            loaded = self.service.version(msg.model_name, version)
+        except errors.DlserveError as exc:
+            raise type(exc)(_NOT_READY.format(name=msg.model_name)) from None
+        refused = cycle_error(msg.chain, loaded)
+        if refused is not None:
+            raise refused
 
     async def _run(
         self, request: InferRequest, call: Call, msg: m.BlsCall, answer: _Answer
@@ -315,9 +342,11 @@ def _return_lent(response: InferResponse | None) -> None:
 
 
 def _parameters(msg: m.BlsCall) -> dict[str, ParamValue]:
-    """A BLS request's parameters, with its correlation id and flags as a client would
-    send them (the callee's scheduler takes them out again)."""
+    """A BLS request's parameters, with its timeout, correlation id and flags as a client
+    would send them (the callee's scheduler takes them out again)."""
     params: dict[str, ParamValue] = dict(msg.parameters)
+    if msg.timeout_us > 0:
+        params[TIMEOUT] = msg.timeout_us
     if msg.correlation_id or msg.flags:
         params[SEQUENCE_ID] = msg.correlation_id
         params[SEQUENCE_START] = bool(msg.flags & FLAG_START)

@@ -191,8 +191,8 @@ def _check_tensors(config: Any, name: str) -> None:
 
 
 def _normalize_instance_groups(config: Any, name: str, gpu_count: int) -> None:
-    if not config.instance_group:
-        group = config.instance_group.add()
+    if not config.instance_group:  # named after the model, as Triton names it
+        group = config.instance_group.add(name=name)
         group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count else mc.ModelInstanceGroup.KIND_CPU
     for index, group in enumerate(config.instance_group):
         if not group.name:

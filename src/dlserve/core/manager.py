@@ -141,8 +141,8 @@ class ModelManager:
         chosen = select_versions(source, raw)
         wanted = environments.requested(raw.parameters, source.path)
         exec_env = None if wanted is None else await self.environments.prepare(wanted, name)
-        first: WorkerBase | None = await spawn_worker(
-            f"{name}_autocomplete", self.options.in_process, self.custom.handle, self.calls,
+        first: WorkerBase | None = await spawn_worker(  # named as Triton names its stub
+            name, self.options.in_process, self.custom.handle, self.calls,
             exec_env,
         )  # fmt: skip
         assert first is not None
@@ -189,7 +189,7 @@ class ModelManager:
         template = self._template(source, version, raw, autocomplete=True)
         msg = msgspec.structs.replace(  # without auto-complete: the model is only imported
             template,
-            instance_name=f"{source.name}_autocomplete",
+            instance_name=source.name,
             autocomplete=self.options.auto_complete,
         )
         loaded = await worker.load(msg, self.options.load_timeout)

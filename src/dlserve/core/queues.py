@@ -128,6 +128,7 @@ class Job:
     delayed: bool = False  # timed out under DELAY: moved behind its level's others
     sent: tuple[WorkerBase, int] | None = None  # the worker and rid it went to
     sink: StreamSink | None = None  # a decoupled request's: where its responses go
+    returned: bool = False  # its execute returned without its response (deferred)
 
     @property
     def device(self) -> int | None:

@@ -16,6 +16,11 @@ waiting at an instance is still the server's: a client that leaves cancels it (t
 answers it without running it), and if the instance dies before it started it goes back to
 the head of the queue, as if it had never left.
 
+An instance is free again when its ``execute`` returns, which its worker's reply says; a
+model that is not decoupled may send a request's response after that (its reply is then a
+``deferred`` notice, and the response follows), and a decoupled model's ``async def
+execute`` returns, for the scheduler, as soon as the worker has started it.
+
 Nothing here runs in a task of its own: requests are dispatched when one arrives, when
 an instance answers, when an instance restarts, and on a timer for queue delays and
 timeouts.
@@ -69,6 +74,7 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._idle: asyncio.Future[None] | None = None  # drain() waits on it
+        self._deferred = 0  # requests whose execute returned, their responses still to come
         self._warned_cross_device = False
         # a request alone may go straight to a free instance (no queue delay to wait)
         self._direct = self.policy.delay_ns == 0
@@ -108,7 +114,7 @@ class Scheduler:
             request_id, inputs, outputs, params,
             lease.inputs if lease is not None else NO_SPANS,
             lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
-            correlation_id, flags,
+            correlation_id, flags, timeout_us=timeout_us,
         )  # fmt: skip
         future: asyncio.Future[WorkerReply | None] = self._loop.create_future()
         return Job(item, batch, level, now, deadline, future, lease, keep)
@@ -130,8 +136,8 @@ class Scheduler:
 
     async def _run(self, job: Job) -> WorkerReply | None:
         worker = None
-        if self._direct and not len(self.queue):
-            worker = self._free_worker(job.device)
+        if self._direct and not len(self.queue) and not _expired(job):
+            worker = self._free_worker(job.device, job.item.chain)
         if worker is not None:
             self._send(worker, [job])  # the fast path: nothing waits, an instance is free
         else:
@@ -157,7 +163,7 @@ class Scheduler:
     def dispatch(self) -> None:
         """Send what can go now to free instances; wake up later for what must wait."""
         if not len(self.queue):
-            if not self._busy and self._idle is not None and not self._idle.done():
+            if self._is_idle() and self._idle is not None and not self._idle.done():
                 self._idle.set_result(None)
             return
         now = time.monotonic_ns()
@@ -165,7 +171,7 @@ class Scheduler:
             fail_job(job, errors.UnavailableError(TIMEOUT_EXPIRED))
         wait = 0
         while (head := self.queue.head()) is not None:
-            worker = self._free_worker(head.device)
+            worker = self._free_worker(head.device, head.item.chain)
             if worker is None:
                 if not self._any_live():  # every instance is down: nothing would run these
                     failure = errors.UnavailableError(
@@ -181,26 +187,40 @@ class Scheduler:
         self._update_pending()
         if len(self.queue):
             self._wake_up(now, wait)
-        elif not self._busy and self._idle is not None and not self._idle.done():
+        elif self._is_idle() and self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
+
+    def _is_idle(self) -> bool:
+        """Nothing executing, and no response still to come from a returned execute."""
+        return not self._busy and not self._deferred
 
     def _any_live(self) -> bool:
         return any(w is not None and w.alive for w in self.pool.workers)
 
-    def _free_worker(self, device: int | None) -> WorkerBase | None:
+    def _free_worker(self, device: int | None, chain: list[str]) -> WorkerBase | None:
         """A free instance for a batch whose head request has its CUDA input on GPU
         ``device``: one on that GPU when the model has any there (waiting for it if they
-        are busy), else any (the request crosses devices: said once, and counted)."""
+        are busy), else any (the request crosses devices: said once, and counted). Never
+        one in the head's BLS call ``chain``: it waits for that request (it may look free
+        here when it runs a call sent to it directly by another worker)."""
         if device is not None:
             on_device = self.pool.on_device(device)
+            if chain:
+                on_device = [w for w in on_device if not self.pool.upstream(w, chain)]
             if on_device:
                 free = next((w for w in on_device if w not in self._busy), None)
                 return free if free is not None or len(on_device) > 1 else self._sole(on_device[0])
         workers = self.pool.workers
         for worker in workers:
-            if worker is not None and worker.alive and worker not in self._busy:
+            if (
+                worker is not None and worker.alive and worker not in self._busy
+                and (not chain or not self.pool.upstream(worker, chain))
+            ):  # fmt: skip
                 return worker
-        return self._sole(workers[0]) if len(workers) == 1 else None
+        sole = workers[0] if len(workers) == 1 else None
+        if sole is not None and not (chain and self.pool.upstream(sole, chain)):
+            return self._sole(sole)
+        return None
 
     def _sole(self, worker: WorkerBase | None) -> WorkerBase | None:
         """The model's one instance (or the one on the request's GPU), busy: the request
@@ -262,7 +282,7 @@ class Scheduler:
             on_reply = self._on_reply if job.sink is None else self._on_stream_end
             callbacks.append(functools.partial(on_reply, execution, job))
         try:
-            rids = worker.submit([job.item for job in live], callbacks)
+            rids = worker.submit([job.item for job in live], callbacks, notices=True)
         except errors.DlserveError as exc:
             for job in live:
                 fail_job(job, exc)
@@ -298,12 +318,21 @@ class Scheduler:
             self.dispatch()
 
     def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
+        """A request's reply, its failure, or the notice that its execute returned without
+        its response (``deferred``: the model sends it later, and the instance is free)."""
         worker = execution.worker
         if isinstance(outcome, tuple):
-            if not execution.answered and self._flight.answered(execution):
-                self._update_pending()  # the one waiting behind it starts
-            if outcome[0].timings is not None:
-                self._record_execution(execution, outcome[0].timings)
+            done = outcome[0]
+            if not job.returned:  # the reply says that the execute returned
+                if not execution.answered and self._flight.answered(execution):
+                    self._update_pending()  # the one waiting behind it starts
+                if done.timings is not None:
+                    self._record_execution(execution, done.timings)
+            if done.deferred:
+                job.returned = True
+                self._deferred += 1
+                self._returned(execution)
+                return
             if job.future.done():  # its client went away meanwhile
                 worker.discard(outcome)
             else:
@@ -317,6 +346,15 @@ class Scheduler:
             self._requeue(job)  # it never started: another instance (or the restart) runs it
         else:
             fail_job(job, outcome)
+        if job.returned:  # a deferred response: its instance was free already
+            self._deferred -= 1
+            if not self._deferred:
+                self.dispatch()  # drain() may be waiting for it
+            return
+        self._returned(execution)
+
+    def _returned(self, execution: Execution) -> None:
+        """One of ``execution``'s requests is done with its instance."""
         execution.remaining -= 1
         if execution.remaining == 0:
             self._flight.done(execution)
@@ -347,7 +385,7 @@ class Scheduler:
         """Wait (up to ``timeout`` s) until nothing is queued or executing: a version being
         unloaded takes no new requests, and finishes the ones it has."""
         deadline = time.monotonic() + timeout
-        while (self._waiting() or self._busy) and time.monotonic() < deadline:
+        while (self._waiting() or not self._is_idle()) and time.monotonic() < deadline:
             self._idle = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait_for(self._idle, deadline - time.monotonic())
@@ -367,6 +405,13 @@ class Scheduler:
         for job in self.queue.all():
             fail_job(job, failure)
         self.stats.pending = 0
+
+
+def _expired(job: Job) -> bool:
+    """Whether ``job``'s timeout passed before it could be sent (a timeout of a few
+    microseconds): it goes through the queue, whose policy acts on it (REJECT refuses it,
+    DELAY puts it behind the others), as Triton's batcher does."""
+    return 0 < job.deadline_ns < time.monotonic_ns()
 
 
 def fail_job(job: Job, exc: errors.DlserveError) -> None:

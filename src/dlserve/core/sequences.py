@@ -222,7 +222,7 @@ class SequenceScheduler(Scheduler):
             )
         self.stats.pending = self._queued
         idle = self._idle
-        if not self._queued and not self._busy and idle is not None and not idle.done():
+        if not self._queued and self._is_idle() and idle is not None and not idle.done():
             idle.set_result(None)
 
     def _take(self, index: int) -> list[Job]:

@@ -89,6 +89,8 @@ class ModelEntry:
 
 
 def instance_specs(config: Any) -> list[InstanceSpec]:
+    """One per instance: ``count`` on each of a group's devices, named as Triton names them
+    (``<group>_<i>``, i < count: a group on two GPUs has two instances of each name)."""
     specs: list[InstanceSpec] = []
     for group in config.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
@@ -97,9 +99,7 @@ def instance_specs(config: Any) -> list[InstanceSpec]:
             placements = [("MODEL", 0)]
         else:
             placements = [("CPU", 0)]
-        index = 0
         for kind, device in placements:
-            for _ in range(group.count):
+            for index in range(group.count):
                 specs.append(InstanceSpec(f"{group.name}_{index}", kind, device))
-                index += 1
     return specs

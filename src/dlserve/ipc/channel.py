@@ -2,6 +2,10 @@
 
 :class:`BlockingChannel` is the worker's side (one thread, blocking calls);
 :class:`AsyncChannel` is the server's side (an asyncio Protocol on the loop).
+A frame whose header cannot be read does not end the connection: ``recv`` raises
+``codec.UnreadableFrame`` for it (the next ``recv`` reads the frame after it), and the
+async side hands it to ``on_unreadable``. A frame that cannot be encoded is never
+partly written (``codec.UnencodableFrame``, raised before any byte is sent).
 """
 
 from __future__ import annotations
@@ -48,11 +52,11 @@ class BlockingChannel(Generic[T]):
         self, frames: Sequence[tuple[messages._Msg, Sequence[bytes | memoryview]]]
     ) -> None:
         """Several frames in one system call (the replies of one batch: the server wakes
-        once for them all)."""
+        once for them all). All are encoded before any is sent."""
+        encoded = [codec.encode_sized(message, payload) for message, payload in frames]
         buffers: list[bytes | memoryview] = []
         total = 0
-        for message, payload in frames:
-            pieces, size = codec.encode_sized(message, payload)
+        for pieces, size in encoded:
             buffers += pieces
             total += size
             if len(buffers) > _MAX_BUFFERS:  # sendmsg takes at most IOV_MAX (1024) buffers
@@ -88,8 +92,8 @@ class BlockingChannel(Generic[T]):
             head = self._start + codec.PREFIX_SIZE
             self._start = head + size
             # the header is decoded in place; the payload is copied into its own buffer
-            message = self._decoder.decode(memoryview(self._buf)[head : head + header_len])
-            return message, memoryview(self._buf[head + header_len : head + size])
+            payload = memoryview(self._buf[head + header_len : head + size])
+            return self._frame(memoryview(self._buf)[head : head + header_len], payload)
         head = self._start + codec.PREFIX_SIZE
         body = bytearray(size)
         buffered = self._end - head
@@ -97,7 +101,15 @@ class BlockingChannel(Generic[T]):
         self._start = self._end = 0
         self._recv_exactly(memoryview(body)[buffered:])
         view = memoryview(body)
-        return self._decoder.decode(view[:header_len]), view[header_len:]
+        return self._frame(view[:header_len], view[header_len:])
+
+    def _frame(self, header: memoryview, payload: memoryview) -> Frame[T]:
+        """The decoded frame (it has been consumed: an UnreadableFrame carries its payload)."""
+        try:
+            return self._decoder.decode(header), payload
+        except codec.UnreadableFrame as exc:
+            exc.payload = payload
+            raise
 
     def buffered(self) -> bool:
         """Whether bytes of a next frame were already read (select() would not see them)."""
@@ -162,17 +174,20 @@ class BlockingChannel(Generic[T]):
 
 
 class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
-    """Server-side protocol: parses frames and hands each to ``on_frame``."""
+    """Server-side protocol: parses frames and hands each to ``on_frame``, or one whose
+    header cannot be read to ``on_unreadable``."""
 
     def __init__(
         self,
         decoder: codec.Decoder[T],
         on_frame: Callable[[T, memoryview], None],
         on_closed: Callable[[Exception | None], None],
+        on_unreadable: Callable[[codec.UnreadableFrame], None],
     ) -> None:
         self._decoder = decoder
         self._on_frame = on_frame
         self._on_closed = on_closed
+        self._on_unreadable = on_unreadable
         self._transport: asyncio.WriteTransport | None = None
         self._buf = bytearray(256 * 1024)
         self._start = 0  # first unparsed byte
@@ -206,10 +221,15 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
                     self._make_room(frame_end - self._start)
                 return
             head = self._start + codec.PREFIX_SIZE
-            message = self._decoder.decode(memoryview(buf)[head : head + header_len])
             # the payload is copied out so the receive buffer can be reused at once
             payload = memoryview(buf[head + header_len : frame_end])
             self._start = frame_end
+            try:
+                message = self._decoder.decode(memoryview(buf)[head : head + header_len])
+            except codec.UnreadableFrame as exc:
+                exc.payload = payload
+                self._on_unreadable(exc)
+                continue
             self._on_frame(message, payload)
         if self._start == self._end:
             self._start = self._end = 0

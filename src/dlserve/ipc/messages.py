@@ -42,6 +42,18 @@ __all__ = [
     "_Msg",
 ]  # re-exported: every message is imported from here
 
+
+def chain_entry(model_name: str, model_version: int, instance_name: str) -> str:
+    """An instance in a BLS call chain (``Infer.chain``): the model, its version and the
+    instance. A model's name has no '/', so :func:`chain_model` reads it back."""
+    return f"{model_name}/{model_version}/{instance_name}"
+
+
+def chain_model(entry: str) -> str:
+    """The model of a :func:`chain_entry`."""
+    return entry.split("/", 1)[0]
+
+
 # ---- server -> worker -----------------------------------------------------------------
 
 
@@ -70,7 +82,7 @@ class Infer(_Msg, tag=2):
     release: list[int] = []  # output-arena offsets the server is done with
     # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
     output_regions: list[TensorRef] = []
-    chain: list[str] = []  # BLS: the models upstream of this request, callers first
+    chain: list[str] = []  # BLS: the instances upstream of it (chain_entry), callers first
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
@@ -79,6 +91,7 @@ class Infer(_Msg, tag=2):
     # read; ``fenced``: the reply may carry the callee's own fences instead of its waits
     fences: list[Fence] = []
     fenced: bool = False
+    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
 
 
 class Cancel(_Msg, tag=7):
@@ -133,6 +146,7 @@ class Shutdown(_Msg, tag=4):
 class MetricValueReply(_Msg, tag=5):
     call: int
     value: float
+    error: str = ""  # the call could not be answered (its frame could not be read)
 
 
 class UnmapRegions(_Msg, tag=6):
@@ -166,11 +180,12 @@ class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     outputs: list[str]
     parameters: dict[str, ParamValue] = {}
     output_regions: list[TensorRef] = []
-    chain: list[str] = []  # BLS: the models upstream of this request, callers first
+    chain: list[str] = []  # BLS: the instances upstream of it (chain_entry), callers first
     lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
+    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
 
 
 class InferBatch(_Msg, tag=20):
@@ -231,6 +246,10 @@ class InferDone(_Msg, tag=103):
     # GPU work of the model's not waited for (its request was ``fenced``): the caller
     # orders its own work on the lent outputs and its inputs after these
     fences: list[Fence] = []
+    # no response yet: the request's execute() returned (the instance is free) and the
+    # model holds its response sender; the response comes in a later InferDone (a model
+    # that is not decoupled may answer after execute returns)
+    deferred: bool = False
 
 
 class StreamResponse(_Msg, tag=104):
@@ -298,7 +317,7 @@ class BlsCall(_Msg, tag=105):
     parameters: dict[str, ParamValue] = {}
     timeout_us: int = 0  # 0: none
     decoupled: bool = False  # the caller iterates over the responses
-    chain: list[str] = []  # the models upstream of this call, the caller last
+    chain: list[str] = []  # the instances upstream of this call (chain_entry), the caller last
     correlation_id: int | str = 0  # the request's correlation_id() (0: none)
     flags: int = 0  # its flags(): SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # trace=request.trace(): the caller's trace id (0: not traced)

@@ -83,7 +83,14 @@ class SpecValidator:
         )
 
     def check(self, request: InferRequest) -> tuple[list[InputTensor], int]:
-        """The inputs as the model should see them (reshaped), and the batch size."""
+        """The inputs as the model should see them (reshaped), and the batch size.
+
+        In Triton's order, so that a request with several faults gets Triton's error: the
+        requested outputs, the number of inputs, then each input (its name, type, shape
+        and size)."""
+        if request.outputs:
+            self._check_outputs(request)
+        self._check_count(request)
         batch = 0
         checked: list[InputTensor] = []
         for tensor in request.inputs:
@@ -102,8 +109,6 @@ class SpecValidator:
             batch = tensor_batch
             checked.append(tensor if spec.reshape is None else self._reshaped(spec, tensor))
         self._check_missing(request)
-        if request.outputs:
-            self._check_outputs(request)
         return checked, batch or 1
 
     def _check_one(self, request: InferRequest, spec: TensorSpec, tensor: InputTensor) -> int:
@@ -179,18 +184,39 @@ class SpecValidator:
             tensor.region,
         )  # fmt: skip
 
+    def _check_count(self, request: InferRequest) -> None:
+        """Too many inputs or too few, before anything else about them (Triton's text)."""
+        count = len(request.inputs)
+        if len(self.required) <= count <= len(self.inputs):
+            return
+        if len(self.required) == len(self.inputs):
+            expected = f"{len(self.inputs)} inputs"
+        else:
+            expected = f"number of inputs between {len(self.required)} and {len(self.inputs)}"
+        raise InvalidArgumentError(
+            f"{_prefix(request)}expected {expected} but got {count} inputs for model "
+            f"'{self.model}'. {self._missing_text(request)}"
+        )
+
+    def _missing_text(self, request: InferRequest) -> str:
+        given = {t.name for t in request.inputs}
+        missing = [n for n in self.required if n not in given]
+        return (
+            f"Got input(s) {_names(sorted(given))}, but missing required input(s) "
+            f"{_names(missing)}. Please provide all required input(s)."
+        )
+
     def _check_missing(self, request: InferRequest) -> None:
+        """A required input left out while the count is right (an optional one given)."""
         given = {t.name for t in request.inputs}
         if len(given) != len(request.inputs):
             raise InvalidArgumentError(f"{_prefix(request)}an input is given more than once")
         if len(given) == len(self.inputs):  # every input the model has (all names known)
             return
-        missing = [n for n in self.required if n not in given]
-        if missing:
+        if any(n not in given for n in self.required):
             raise InvalidArgumentError(
                 f"{_prefix(request)}expected {len(self.required)} inputs but got {len(given)} "
-                f"inputs for model '{self.model}'. Got input(s) {sorted(given)}, but missing "
-                f"required input(s) {missing}. Please provide all required input(s)."
+                f"inputs for model '{self.model}'. {self._missing_text(request)}"
             )
 
     def _check_outputs(self, request: InferRequest) -> None:
@@ -210,6 +236,11 @@ class SpecValidator:
             return shape
         batch = shape[: len(shape) - len(spec.reshape)]
         return batch + spec.dims
+
+
+def _names(names: list[str]) -> str:
+    """A list of names as Triton writes it: ['A','B']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
 def _prefix(request: InferRequest) -> str:

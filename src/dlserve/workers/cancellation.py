@@ -69,7 +69,8 @@ class Cancellation:
 
 
 def upstream(items: Sequence[Item]) -> list[str]:
-    """The models upstream of the requests executing (BLS cycle checks): their union."""
+    """The instances upstream of the requests executing (their BLS call chains): their
+    union."""
     if len(items) == 1:
         return items[0].chain
     return sorted({name for item in items for name in item.chain})

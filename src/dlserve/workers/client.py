@@ -23,7 +23,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.shm import Arena, ShmSegment
 from dlserve.types import InputTensor
-from dlserve.workers import polling
+from dlserve.workers import polling, unreadable
 from dlserve.workers.lending import ARENA_OWNERS, ArenaLending
 from dlserve.workers.placement import (
     NO_SPANS,
@@ -54,11 +54,12 @@ class WorkItem:
     parameters: dict[str, m.ParamValue]
     input_spans: Mapping[str, Span] = field(default_factory=dict)
     output_spans: Mapping[str, Span] = field(default_factory=dict)
-    chain: list[str] = field(default_factory=list)  # BLS: the models upstream of it
+    chain: list[str] = field(default_factory=list)  # BLS: the instances upstream of it
     lend: bool = False  # BLS: outputs stay in the worker's memory for the caller to map
     correlation_id: int | str = 0  # the sequence id (0: none)
     flags: int = 0  # SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace (0: not traced): request.trace() names it
+    timeout_us: int = 0  # the request's timeout (0: none): request.timeout() returns it
 
 
 ReplyCallback = Callable[[Outcome], None]
@@ -70,6 +71,7 @@ class _Pending:
     arena_offsets: list[int]
     stream: StreamSink | None = None  # decoupled: where its responses go
     refs: list[m.TensorRef] | None = None  # where its inputs were placed (rescheduling)
+    notices: bool = False  # the callback also hears a ``deferred`` notice
 
 
 class CallSink(Protocol):
@@ -113,6 +115,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
 
     def __init__(self, label: str) -> None:
         self.label = label
+        self.model_name = ""  # the model it runs, once loaded
         base_name = f"dlserve_{os.getpid()}_{next(_worker_ids)}"
         # memfds, handed to the worker at spawn; no name exists to be left behind
         self.input_segment = ShmSegment.anonymous(f"{base_name}_in", INPUT_ARENA_SIZE)
@@ -158,12 +161,26 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
     async def _connect(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_unix_connection(
-            lambda: AsyncChannel(codec.to_server, self._on_frame, self._on_lost), sock=sock
-        )
+            lambda: AsyncChannel(codec.to_server, self._on_frame, self._on_lost,
+                                 self._on_unreadable), sock=sock,
+        )  # fmt: skip
         self._channel = protocol
+
+    def _on_unreadable(self, bad: codec.UnreadableFrame) -> None:
+        """A frame that cannot be read fails what it belongs to (``unreadable.py``); the
+        connection goes on. An answer to Load that cannot be read fails the load."""
+        if bad.kind in (m.Loaded, m.LoadFailed):
+            failed = m.LoadFailed(unreadable.describe(self, bad))
+            if self._control is not None and not self._control.done():
+                self._control.set_result(failed)
+            return
+        unreadable.handle(self, bad)
 
     def _on_frame(self, msg: m.WorkerToServer, payload: memoryview) -> None:
         if isinstance(msg, m.InferDone):
+            if msg.deferred:  # execute returned; the response (and the inputs' end) later
+                self._on_deferred(msg, payload)
+                return
             pending = self._pending.pop(msg.rid, None)
             if pending is not None:
                 if msg.rescheduled:  # its inputs stay where they are for its next execute
@@ -196,8 +213,17 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         elif self._control is not None and not self._control.done():
             self._control.set_result(msg)
 
+    def _on_deferred(self, msg: m.InferDone, payload: memoryview) -> None:
+        pending = self._pending.get(msg.rid)
+        if pending is not None and pending.notices:
+            pending.callback((msg, payload))
+        if msg.direct and self.calls is not None:
+            self.calls.on_direct(self, m.DirectStats(msg.direct))
+
     def send_answer(
-        self, msg: m.BlsReply | m.ControlReply | m.DirectTargets, payload: list[memoryview]
+        self,
+        msg: m.BlsReply | m.ControlReply | m.DirectTargets | m.MetricValueReply,
+        payload: list[memoryview],
     ) -> None:
         """Answer a call this worker made (dropped when it has died meanwhile)."""
         if self._channel is not None:
@@ -229,7 +255,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             self.closed.set_result(reason)
 
     def death_reason(self) -> str:
-        return f"model instance '{self.label}' exited unexpectedly"
+        return errors.not_healthy(self.label)
 
     async def _reaped(self, timeout: float) -> None:
         """Wait (briefly) for the other side to be gone for good."""
@@ -238,6 +264,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
     async def load(self, msg: m.Load, timeout: float) -> m.Loaded:
         """Send Load and wait for the answer; raises UnavailableError with the reason."""
         self.label = msg.instance_name or self.label  # a reused worker becomes this instance
+        self.model_name = msg.model_name
         reply = await self._control_call(msg, timeout, "loading")
         if isinstance(reply, m.LoadFailed):
             raise errors.UnavailableError(reply.message)
@@ -298,13 +325,15 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
 
     def submit(
         self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback],
-        rids: Sequence[int | None] = (),
+        rids: Sequence[int | None] = (), *, notices: bool = False,
     ) -> list[int]:  # fmt: skip
         """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
         (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
         the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a new
         one): it keeps its inputs where they were placed (and a decoupled one its stream)
-        until it is done, or :meth:`forget` is called."""
+        until it is done, or :meth:`forget` is called. ``notices``: a callback is also
+        called, before the outcome, with a ``deferred`` InferDone when the execute returned
+        without the request's response (its model sends it later)."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
@@ -327,7 +356,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                     refs, inline, offsets = place_inputs(
                         self.input_arena, item.inputs, item.input_spans, payload, inline
                     )
-                    pending = _Pending(callback, offsets, refs=refs)
+                    pending = _Pending(callback, offsets, refs=refs, notices=notices)
                 placed.append((next(self._rids) if rid is None else rid, item, refs, offsets))
                 pendings.append(pending)
         except BaseException:

@@ -3,21 +3,31 @@
 Each response is a StreamResponse frame, sent from whichever thread of the model calls
 ``send()``; the one with the final flag ends the request and carries its timings. When
 ``execute`` returns, an ``executed`` notice tells the server's scheduler that the instance
-can take the next request.
+can take the next request. An ``async def execute`` is started on the instance's event
+loop and the notice goes at once (Triton's stub does the same): its requests overlap with
+the next ones, and a failure it meets later reaches its requests and the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import inspect
+import os
+import sys
 import time
+import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dlserve import backend as pb_utils
-from dlserve.backend import link
-from dlserve.backend.errors import TritonModelException
+from dlserve.backend import link, logger
+from dlserve.backend.errors import TritonError, TritonModelException
 from dlserve.ipc import messages as m
 from dlserve.workers import gpu_bls
+from dlserve.workers.cancellation import upstream
+from dlserve.workers.failures import execute_failure
 
 if TYPE_CHECKING:
     from dlserve.workers.runner import Item, ModelRunner
@@ -70,30 +80,84 @@ def decoupled_execute(
 def _execute(
     runner: ModelRunner, streams: list[_Stream], requests: list[pb_utils.InferenceRequest]
 ) -> tuple[int, int]:
-    """Call execute once for ``requests``: when it started and when it returned."""
+    """Call execute once for ``requests``: when it started and when it returned. An
+    ``async def execute`` is started on the instance's event loop and left to run there
+    (as Triton does): the instance takes its next request while this one awaits."""
     infer_start = time.monotonic_ns()
     for stream in streams:
         stream.infer_start = infer_start
     try:
-        result = runner._call(runner.model.execute, requests)
+        result = runner.model.execute(requests)
+        if asyncio.iscoroutine(result):
+            context = link.upstream_context(upstream([s.msg for s in streams]))
+            done = functools.partial(_coroutine_done, runner, streams)
+            runner.model_loop.start(result, context, done)
+            return infer_start, time.monotonic_ns()
+        if result is not None and inspect.isawaitable(result):
+            result = runner.model_loop.run(result)
         if result is not None:
-            raise TritonModelException(
-                f"Python model '{runner.load.model_name}' is using the decoupled mode and the "
-                "execute function must return None."
-            )
+            raise TritonError(returned_responses(runner))
     except BaseException as exc:  # every request whose final flag is not out fails
-        infer_end = time.monotonic_ns()
-        for stream in streams:
-            stream.infer_end = infer_end
-            sender = stream.sender
-            if sender is not None and not sender.closed:
-                sender._closed = True
-                stream.fail(exc)
-        return infer_start, infer_end
+        _fail_open(streams, execute_failure(runner.load.instance_name, exc))
+        return infer_start, streams[0].infer_end
     infer_end = time.monotonic_ns()
     for stream in streams:
         stream.infer_end = infer_end
     return infer_start, infer_end
+
+
+def returned_responses(runner: ModelRunner) -> str:
+    """Triton's message for a decoupled model whose execute returned something."""
+    return (
+        f"Python model '{runner.load.instance_name or runner.load.model_name}' is using the "
+        "decoupled mode and the execute function must return None."
+    )
+
+
+def _coroutine_done(runner: ModelRunner, streams: list[_Stream], task: asyncio.Task[Any]) -> None:
+    """An ``async def execute`` started in the background has ended (on the loop's thread):
+    if it failed (or returned something), the error goes to the log, with its traceback as
+    Triton logs it, and to each of its requests whose final flag is not out."""
+    if task.cancelled():  # the instance is stopping
+        exc: BaseException = TritonError("execute was cancelled: the model instance stopped")
+    else:
+        error = task.exception()
+        if error is None and task.result() is None:
+            now = time.monotonic_ns()
+            for stream in streams:
+                stream.infer_end = now
+            return
+        exc = error if error is not None else TritonError(returned_responses(runner))
+        log_failure(runner, exc)
+    _fail_open(streams, execute_failure(runner.load.instance_name, exc))
+
+
+def _fail_open(streams: list[_Stream], exc: BaseException) -> None:
+    infer_end = time.monotonic_ns()
+    for stream in streams:
+        stream.infer_end = infer_end
+        sender = stream.sender
+        if sender is not None and sender._close():
+            stream.fail(exc)
+
+
+def log_failure(runner: ModelRunner, exc: BaseException) -> None:
+    """An error line in the server's log (the worker's stderr) for a failure that happened
+    in the background, with the exception's traceback."""
+    if exc.__traceback__ is None:  # not raised: dlserve's own check
+        text = runner.describe_error(exc)[0]
+    else:
+        text = "".join(traceback.format_exception(exc)).rstrip("\n")
+    frames = traceback.extract_tb(exc.__traceback__)
+    filename = os.path.basename(frames[-1].filename) if frames else "model.py"
+    lineno = (frames[-1].lineno or 0) if frames else 0
+    line = logger.format_line(
+        f"Failed to process the request(s) for model '{runner.load.instance_name}', message: "
+        f"{text}", logger.LogLevel.ERROR, filename, lineno, runner.load.model_name,
+    )  # fmt: skip
+    with contextlib.suppress(OSError, ValueError):  # a closed stderr loses the line only
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 class _Stream:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import sys
 import threading
 
+from dlserve import errors
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
@@ -61,8 +63,7 @@ class SubprocessWorker(WorkerBase):
 
     def death_reason(self) -> str:
         code = None if self.process is None else self.process.returncode
-        how = "" if code is None else (f" (signal {-code})" if code < 0 else f" (exit code {code})")
-        return f"model instance '{self.label}' exited unexpectedly{how}"
+        return errors.not_healthy(self.label, "" if code is None else _ending(code))
 
     async def _reaped(self, timeout: float) -> None:
         if self.process is not None:
@@ -80,6 +81,17 @@ class SubprocessWorker(WorkerBase):
         except TimeoutError:
             process.kill()
             await process.wait()
+
+
+def _ending(returncode: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = f" ({signal.Signals(-returncode).name})"
+    except ValueError:
+        name = ""
+    return f"was killed by signal {-returncode}{name}"
 
 
 class InProcessWorker(WorkerBase):

@@ -42,6 +42,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _default_signals() -> None:
+    """A process the model forks (multiprocessing's 'fork' start method) is the model's,
+    not the server's: SIGTERM ends it again (``Pool.terminate`` waits for that), SIGINT
+    raises KeyboardInterrupt, as in any Python program."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def install_pb_utils() -> None:
     """Make ``import triton_python_backend_utils`` find dlserve's implementation."""
     sys.modules["triton_python_backend_utils"] = backend
@@ -51,6 +59,8 @@ def load(
     worker: WorkerLink, msg: m.Load, runner: ModelRunner | None, arenas: Arenas
 ) -> ModelRunner | None:
     worker.model_name = msg.model_name
+    worker.instance = m.chain_entry(msg.model_name, msg.model_version, msg.instance_name)
+    worker.serving = False  # no BLS while the model initializes
     if runner is not None:
         runner.update(msg)
     else:
@@ -65,6 +75,7 @@ def load(
         runner.finalize()
         worker.send(m.LoadFailed(message=str(exc)))
         return None
+    worker.serving = msg.initialize
     worker.send(m.Loaded(config_json=json.dumps(runner.config), pid=os.getpid()))
     return runner
 
@@ -103,6 +114,7 @@ class _Serving:
         except ChannelClosed:
             pass
         finally:
+            self.worker.serving = False  # no BLS while the model finalizes
             if self.runner is not None:
                 self.runner.finalize()
             for arena in self.arenas:
@@ -141,6 +153,7 @@ class _Serving:
         elif isinstance(msg, m.Shutdown):
             self.worker.served.close_all()  # direct callers go through the server now
             runner, self.runner = self.runner, None
+            self.worker.serving = False  # no BLS while the model finalizes
             if runner is not None:
                 runner.finalize()
             self.worker.send(m.Closed())
@@ -157,12 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd-socket", type=int, default=-1, help="descriptors from the server")
     parser.add_argument("--busy-poll-us", type=int, default=0)
     args = parser.parse_args(argv)
+    # The model sees the command line Triton's stub gives it (its embedded interpreter has
+    # none): argparse or unittest.main() in a model must not find the worker's options.
+    sys.argv = [""]
     _die_with_parent()
     # The server decides when we stop: Ctrl-C in a terminal, systemd and `timeout` signal
     # the whole process group, and the requests in flight must still finish. A worker
     # whose server dies gets SIGKILL (_die_with_parent).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.register_at_fork(after_in_child=_default_signals)
     install_pb_utils()
     heap.keep_large_buffers()  # a model's large outputs reuse their pages request to request
     sock = socket.socket(fileno=args.fd)

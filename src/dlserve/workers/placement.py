@@ -112,7 +112,7 @@ def infer_message(placed: list[Placed], release: list[int]) -> m.Infer | m.Infer
         rid, item, refs, _ = placed[0]
         return m.Infer(rid, item.request_id, refs, item.outputs, item.parameters, release,
                        _output_regions(item), item.chain, item.lend, item.correlation_id,
-                       item.flags, item.trace_id)  # fmt: skip
+                       item.flags, item.trace_id, timeout_us=item.timeout_us)  # fmt: skip
     items = [_batch_item(rid, item, refs) for rid, item, refs, _ in placed]
     return m.InferBatch(items, release)
 
@@ -120,7 +120,7 @@ def infer_message(placed: list[Placed], release: list[int]) -> m.Infer | m.Infer
 def _batch_item(rid: int, item: WorkItem, refs: list[m.TensorRef]) -> m.BatchItem:
     return m.BatchItem(rid, item.request_id, refs, item.outputs, item.parameters,
                        _output_regions(item), item.chain, item.lend, item.correlation_id,
-                       item.flags, item.trace_id)  # fmt: skip
+                       item.flags, item.trace_id, item.timeout_us)  # fmt: skip
 
 
 def _output_regions(item: WorkItem) -> list[m.TensorRef]:

@@ -75,6 +75,11 @@ class WorkerPool:
         self.specs = specs
         self.exec_env = exec_env
         self.template = template
+        # each instance as a BLS call chain names it (an instance in a request's chain
+        # waits for that request: it must not get it)
+        self.chain_entries = [
+            m.chain_entry(template.model_name, template.model_version, spec.name) for spec in specs
+        ]
         self.in_process = in_process
         self.on_metric = on_metric
         self.calls = calls
@@ -120,7 +125,7 @@ class WorkerPool:
                 return
             self.workers[index] = None
             await worker.stop(timeout=1.0)
-            log.error("%s; restarting it", reason)
+            log.error("%s Restarting it.", reason)
             await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
             try:
                 await self._start_instance(index, None)
@@ -143,6 +148,13 @@ class WorkerPool:
     def live(self) -> list[WorkerBase]:
         """The instances that can take work now."""
         return [w for w in self.workers if w is not None and w.alive]
+
+    def upstream(self, worker: WorkerBase, chain: list[str]) -> bool:
+        """Whether ``worker`` is in a request's BLS call chain (waiting for the request)."""
+        for entry, one in zip(self.chain_entries, self.workers, strict=True):
+            if one is worker:
+                return entry in chain
+        return False
 
     def on_device(self, device: int) -> list[WorkerBase]:
         """The live instances on GPU ``device``."""

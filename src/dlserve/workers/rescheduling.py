@@ -24,32 +24,28 @@ def iterative(config: dict[str, Any]) -> bool:
     return bool(config.get("sequence_batching", {}).get("iterative_sequence", False))
 
 
-def rescheduled(request: pb_utils.InferenceRequest) -> bool:
-    return request._release_flags == RESCHEDULE
-
-
 def checked_responses(
     responses: Any, requests: Sequence[pb_utils.InferenceRequest]
 ) -> list[pb_utils.InferenceResponse | None]:
-    """execute()'s result checked: one InferenceResponse per request (Triton's messages),
-    None for a rescheduled one."""
+    """execute()'s result checked, with Triton's messages: one InferenceResponse per
+    request, or None where the request's response sender answers it (or it was
+    rescheduled); None for the whole list when the senders answer every request."""
     count = len(requests)
+    if responses is None:
+        return [None] * count
     if not isinstance(responses, (list, tuple)):  # a tuple: no union object per call
-        raise TritonError(
-            f"Expected a list in the execute return, found type '{type(responses).__name__}'."
-        )
+        raise TritonError(f"Expected a list in the execute return, found type '{type(responses)}'.")
     if len(responses) != count:
         raise TritonError(
             "Number of InferenceResponse objects do not match the number of "
             f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
             f"InferenceResponse(s) size is:{len(responses)}"
         )
-    for response, request in zip(responses, requests, strict=True):
-        if not isinstance(response, pb_utils.InferenceResponse):
-            if response is None and rescheduled(request):
-                continue
+    for response in responses:
+        if response is not None and not isinstance(response, pb_utils.InferenceResponse):
             raise TritonError(
-                f"execute() returned {type(response).__name__}, not pb_utils.InferenceResponse"
+                "Expected an 'InferenceResponse' object in the execute function return "
+                f"list, found type '{type(response)}'."
             )
     return responses if type(responses) is list else list(responses)
 

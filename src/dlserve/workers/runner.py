@@ -8,19 +8,14 @@ the client region the request names for them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import importlib.util
 import inspect
 import json
-import os
-import sys
 import time
 import traceback
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from types import ModuleType
 from typing import Any
 
 from dlserve import backend as pb_utils
@@ -29,44 +24,25 @@ from dlserve.backend.errors import TritonError
 from dlserve.ipc import messages as m
 from dlserve.tensors.shm import Arena, ShmSegment, buffer_address
 from dlserve.workers import gpu_bls, gpu_io, rescheduling
+from dlserve.workers.answers import Answers, Deferred, Execute, Route
 from dlserve.workers.bls_memory import SharedMemoryForBls
 from dlserve.workers.cancellation import Cancellation, upstream
 from dlserve.workers.decoupled import decoupled_execute
+from dlserve.workers.event_loop import ModelLoop
+from dlserve.workers.failures import describe_exception, execute_failure
 from dlserve.workers.inputs import InputReading
+from dlserve.workers.model_file import import_model_file
 from dlserve.workers.outputs import OutputWriter
 from dlserve.workers.peers import PeerArenas
 from dlserve.workers.regions import ClientRegions
 
 Item = m.Infer | m.BatchItem  # one request: alone, or in a batch
+_NONE: frozenset[int] = frozenset()  # no request deferred
 _NO_TARGETS: dict[str, m.TensorRef] = {}  # a request that names no output region
 
 
 class LoadError(Exception):
     """model.py could not be imported, auto-completed or initialized."""
-
-
-def describe_exception(exc: BaseException, model_dir: str) -> str:
-    """The error's message with the file and line in the model's code where it arose."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
-    location = ""
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename.startswith(model_dir):
-            location = f" ({frame.filename}, line {frame.lineno})"
-    return f"{type(exc).__name__}: {exc}{location}"
-
-
-def import_model_file(path: str, module_name: str) -> ModuleType:
-    directory = os.path.dirname(path)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise LoadError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
@@ -78,7 +54,9 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         self.config: dict[str, Any] = json.loads(load.config_json)
         self.model: Any = None
         self.model_class: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.model_loop = ModelLoop(lambda: self.link)  # for async def methods of the model
+        self.answers = Answers(self)  # responses sent through senders (not decoupled)
+        self._to_server: Route = self._late  # where they go after the return, by default
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
         self.regions = ClientRegions()
@@ -121,7 +99,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         load = self.load
         try:
             if self.model_class is None:
-                module = import_model_file(load.model_file, f"dlserve_model_{os.getpid()}")
+                module = import_model_file(load.model_file)
                 self.model_class = module.TritonPythonModel
             if load.autocomplete and hasattr(self.model_class, "auto_complete_config"):
                 self.config = self._auto_complete(self.model_class)
@@ -133,7 +111,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         except LoadError:
             raise
         except BaseException as exc:
-            raise LoadError(describe_exception(exc, load.model_path)) from exc
+            raise LoadError(describe_exception(exc)) from exc
 
     def _bind_device(self) -> None:
         """Input placement from the config; a GPU instance's device made current."""
@@ -157,9 +135,13 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         completed = model_class.auto_complete_config(ModelConfig(self.config))
         if not isinstance(completed, ModelConfig):
             raise LoadError(
-                "auto_complete_config must return the pb_utils.ModelConfig it was given"
+                f"auto_complete_config function in model '{self.load.model_name}' must return "
+                "a valid pb.ModelConfig object."
             )
-        return completed.as_dict()
+        # as Triton's stub, through JSON: what JSON cannot hold (a bytes name, say) fails
+        # the load here with json's TypeError, not the Loaded frame that carries the config
+        completed_config: dict[str, Any] = json.loads(json.dumps(completed.as_dict()))
+        return completed_config
 
     def initialize_args(self) -> dict[str, str]:
         load = self.load
@@ -175,33 +157,37 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         }
 
     def _call(self, function: Any, *args: Any) -> Any:
+        """Call a method of the model; a coroutine (``async def``) runs on the instance's
+        event loop, which lives on after it (tasks it started keep running)."""
         result = function(*args)
         if type(result) is list or result is None:  # the usual answers: nothing to await
             return result
         if inspect.isawaitable(result):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            result = self._loop.run_until_complete(result)
+            result = self.model_loop.run(result)
         return result
 
     # -- inference ----------------------------------------------------------------------
     def infer(
-        self, msg: m.Infer, payload: memoryview
+        self, msg: m.Infer, payload: memoryview, route: Route | None = None
     ) -> tuple[m.InferDone, list[memoryview]] | None:
         """Run one request: the reply to send, or None for a decoupled model (its responses
-        go out through the request's response sender)."""
-        replies = self.execute([msg], msg.release, payload)
+        go out through the request's response sender). ``route``: where a response sent
+        after ``execute`` returned goes (None: the server)."""
+        replies = self.execute([msg], msg.release, payload, route)
         return replies[0] if replies else None
 
     def execute(
-        self, items: Sequence[Item], release: Sequence[int], payload: memoryview
-    ) -> list[tuple[m.InferDone, list[memoryview]]]:
+        self, items: Sequence[Item], release: Sequence[int], payload: memoryview,
+        route: Route | None = None,
+    ) -> list[tuple[m.InferDone, list[memoryview]]]:  # fmt: skip
         """One ``execute(requests)`` call for ``items``: one reply each, in their order.
 
         As Triton's Python backend does, the model gets one InferenceRequest per item
-        (nothing is concatenated) and must return one response per request. A decoupled
-        model's requests answer through their response senders (no reply here). A request
-        cancelled while it waited is not run.
+        (nothing is concatenated) and returns one response per request, or sends it with
+        the request's response sender (then the reply may be a ``deferred`` notice, and
+        the response follows through ``route``). A decoupled model's requests answer
+        through their response senders (no reply here). A request cancelled while it
+        waited is not run.
         """
         timings_start = time.monotonic_ns()
         if release:
@@ -217,6 +203,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
         requests: list[pb_utils.InferenceRequest] = []
         running: list[int] = []
+        deferred: AbstractSet[int] = _NONE
         try:
             for index, item in enumerate(items):
                 try:
@@ -230,59 +217,120 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 if worker is not None:
                     request._poll = worker.poll
             if requests:
-                self._execute(items, running, requests, replies, timings_start)
+                ran = items if len(running) == len(items) else [items[i] for i in running]
+                execute = self.answers.prepare(
+                    requests, ran, timings_start, route or self._to_server
+                )
+                deferred = self._execute(ran, running, requests, replies, execute)
         finally:
             for item in items:
-                self._live.pop(item.rid, None)
+                if item.rid not in deferred:  # a deferred one is live until its response
+                    self._live.pop(item.rid, None)
             self.outputs.drop_buffers()
         return cancelled + [r for r in replies if r is not None]
 
+    def _late(self, done: m.InferDone, buffers: list[memoryview]) -> None:
+        """A response sent after its ``execute`` returned, to the server."""
+        worker = self.link if self.link is not None else link.current()
+        if worker is not None:
+            worker.send(done, buffers)
+
     def _execute(
         self,
-        items: Sequence[Item],
+        ran: Sequence[Item],
         running: list[int],
         requests: list[pb_utils.InferenceRequest],
         replies: list[tuple[m.InferDone, list[memoryview]] | None],
-        timings_start: int,
-    ) -> None:
-        infer_start = time.monotonic_ns()
+        execute: Execute,
+    ) -> AbstractSet[int]:
+        """Call the model's execute for ``requests`` (of ``ran``, at ``running`` in
+        ``replies``) and fill in their replies; the rids whose responses come later."""
+        infer_start = execute.infer_start = time.monotonic_ns()
         try:
             responses = self._call(self.model.execute, requests)
             infer_end = time.monotonic_ns()
             checked = rescheduling.checked_responses(responses, requests)
-            settled = gpu_bls.settle_borrowed([items[index] for index in running])
+            if self.answers.taken():
+                for item, response in zip(ran, checked, strict=True):
+                    if response is not None:
+                        self.answers.count_returned(item.rid)
+            settled = gpu_bls.settle_borrowed(ran)
         except BaseException as exc:  # the model's failure is every request's failure
-            with contextlib.suppress(pb_utils.TritonModelException):  # its GPU work too
-                gpu_bls.settle_borrowed([items[index] for index in running], every=True)
-            for index in running:
-                replies[index] = self._error_reply(items[index].rid, exc), []
-            return
-        for index, response, request in zip(running, checked, requests, strict=True):
-            item = items[index]
-            try:
-                if request._release_flags == rescheduling.RESCHEDULE:
-                    replies[index] = rescheduling.rescheduled_reply(item.rid, response), []
-                    continue
-                assert response is not None
-                error = response.error()
-                if error is not None:
-                    raise error
-                if gpu_bls.is_fenced(item):  # a direct call: fences, not waits
-                    fences = gpu_bls.reply_fences(item, response)
-                    replies[index] = reply = self._reply(item, response, cuda_peers.EVERY_DEVICE)
-                    reply[0].fences = fences
-                else:
-                    replies[index] = self._reply(item, response, settled)
-            except BaseException as exc:
-                if gpu_bls.is_fenced(item):  # the caller finds its memory as it waits
-                    with contextlib.suppress(pb_utils.TritonModelException):
-                        gpu_bls.settle_borrowed([item], every=True)
-                replies[index] = self._error_reply(item.rid, exc), []
-        timings = m.Timings(timings_start, infer_start, infer_end, time.monotonic_ns())
+            self._failed(ran, running, replies, execute_failure(self.load.instance_name, exc))
+            execute.returned = True
+            return _NONE
+        execute.returned = True
+        deferred: AbstractSet[int] = _NONE
+        for index, item, response, request in zip(running, ran, checked, requests, strict=True):
+            if response is not None and request._release_flags != rescheduling.RESCHEDULE:
+                replies[index] = self._answer(item, response, settled)  # the usual
+                continue
+            replies[index] = reply = self._outcome(item, response, request, settled)
+            if reply[0].deferred:
+                deferred = {*deferred, item.rid}
+        if self.answers.taken():
+            self.answers.finish([item.rid for item in ran if item.rid not in deferred])
+        timings = m.Timings(execute.start, infer_start, infer_end, time.monotonic_ns())
         for index in running:
             done = replies[index]
             if done is not None and not done[0].error_code:
                 done[0].timings = timings
+        return deferred
+
+    def _outcome(
+        self, item: Item, response: pb_utils.InferenceResponse | None,
+        request: pb_utils.InferenceRequest, settled: AbstractSet[int],
+    ) -> tuple[m.InferDone, list[memoryview]]:  # fmt: skip
+        """A request's reply once ``execute`` returned ``response`` in its place (None: its
+        sender answers it, or nothing does)."""
+        try:
+            if request._release_flags == rescheduling.RESCHEDULE:
+                return rescheduling.rescheduled_reply(item.rid, response), []
+            answer = response if response is not None else self.answers.returned(item.rid)
+        except BaseException as exc:
+            return self._error_reply(item.rid, exc), []
+        if answer is Deferred.LATER:
+            return m.InferDone(item.rid, deferred=True), []
+        return self._answer(item, answer, settled)
+
+    def _answer(
+        self, item: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int],
+        fenced: bool = True,
+    ) -> tuple[m.InferDone, list[memoryview]]:  # fmt: skip
+        """The reply for ``item`` with the model's response (or its error). ``fenced``:
+        a fenced direct call's reply carries fences (False: its GPU work was waited for)."""
+        fenced = fenced and gpu_bls.is_fenced(item)
+        try:
+            error = response.error()
+            if error is not None:
+                raise error
+            if fenced:  # a direct call: fences, not waits
+                fences = gpu_bls.reply_fences(item, response)
+                reply = self._reply(item, response, cuda_peers.EVERY_DEVICE)
+                reply[0].fences = fences
+                return reply
+            return self._reply(item, response, settled)
+        except BaseException as exc:
+            if fenced:  # the caller finds its memory as it waits
+                with contextlib.suppress(pb_utils.TritonModelException):
+                    gpu_bls.settle_borrowed([item], every=True)
+            return self._error_reply(item.rid, exc), []
+
+    def _failed(
+        self, ran: Sequence[Item], running: list[int],
+        replies: list[tuple[m.InferDone, list[memoryview]] | None], exc: BaseException,
+    ) -> None:  # fmt: skip
+        """``execute`` raised (or returned what it may not): every request fails with it,
+        but one whose response was sent before stands (as in Triton)."""
+        settled: AbstractSet[int] = frozenset()
+        with contextlib.suppress(pb_utils.TritonModelException):  # its GPU work too
+            settled = gpu_bls.settle_borrowed(ran, every=True)
+        for index, item in zip(running, ran, strict=True):
+            sent = self.answers.close(item.rid)
+            if sent is not None:
+                replies[index] = self._answer(item, sent, settled, fenced=False)
+            else:
+                replies[index] = self._error_reply(item.rid, exc), []
 
     def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
         if type(msg) is m.Infer and msg.fences:  # a direct caller's GPU work, not waited
@@ -297,6 +345,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             request._correlation_id, request._flags = msg.correlation_id, msg.flags
         if msg.trace_id:
             request._trace = pb_utils.InferenceTrace(msg.trace_id)
+        request._timeout = msg.timeout_us  # Triton's request.timeout(): microseconds
         if self.iterative:
             request._reschedulable = True
         if msg.output_regions:
@@ -354,7 +403,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         """The message and ErrorCode value a client sees for the model's failure."""
         if isinstance(exc, TritonError):
             return exc.message(), exc.error_code().value
-        return describe_exception(exc, self.load.model_path), "internal"
+        return describe_exception(exc), "internal"
 
     def release(self, offsets: Sequence[int], gpu: Sequence[int] = ()) -> None:
         """Output-arena space the server is done with; ``gpu``: lent GPU outputs given back."""
@@ -370,6 +419,8 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 self._call(self.model.finalize)
             except Exception:
                 traceback.print_exc()
+        self.model_loop.close()  # what the model's coroutines still run is cancelled
+        self.answers.stop()
         self.regions.close()
         self.peers.close()
         self.output_segment.close()

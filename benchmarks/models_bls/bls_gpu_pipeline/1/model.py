@@ -1,4 +1,4 @@
-"""OUTPUT_0 = gpu_plus1(gpu_times2(INPUT_0)) through BLS, as the seed's pipeline does."""
+"""OUTPUT_0 = gpu_plus1(gpu_times2(INPUT_0)) through BLS, the tensors staying on the GPU."""
 
 import triton_python_backend_utils as pb_utils
 

@@ -1,4 +1,4 @@
-"""OUTPUT_0 = INPUT_0 * 2 on the GPU, through DLPack, as the seed's model computes it."""
+"""OUTPUT_0 = INPUT_0 * 2 on the GPU, with torch through DLPack (no copy in or out)."""
 
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import from_dlpack, to_dlpack

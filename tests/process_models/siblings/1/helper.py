@@ -1,0 +1,5 @@
+"""A sibling of model.py."""
+
+
+def offset(values):
+    return values + 1

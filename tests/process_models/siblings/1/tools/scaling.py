@@ -1,0 +1,5 @@
+"""Imported by its package relatively."""
+
+
+def scale(values):
+    return values * 10

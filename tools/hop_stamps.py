@@ -1,0 +1,172 @@
+"""Where a direct BLS call's time goes, step by step, in the running processes.
+
+Copies ``src/``, ``benchmarks/`` and ``tools/`` into a temporary folder, inserts clock stamps
+(``time.perf_counter_ns``, CLOCK_MONOTONIC: comparable across processes) at the steps of a
+direct call in the copy (the caller's ``exec()``, the callee's serve loop, the runner, the
+channel's ``recv``), runs ``bls_hops.py`` there with the options given, and prints, per
+process, the median time between consecutive stamps (the first fifth of each sequence,
+the warm-up, left out). ``src/`` itself is not changed: the stamps cost nothing there.
+
+    python tools/hop_stamps.py [bls_hops.py options, e.g. --device cpu
+        --busy-poll-us 2000 --bls-only]
+
+A step often takes several times longer here than in a loop (its code and data are cold
+after the process waited for the next frame, and the frame was written by another core):
+that is what this probe is for. An anchor the code no longer has fails loudly: update
+STAMPS. A probe for developers, not a benchmark of record.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (file under src/dlserve, a piece of code found once there, stamp label, "before" the line
+# where that piece starts or "after" the line where it ends).
+STAMPS = [
+    ("backend/bls_direct.py", "    worker = link.current()\n    if worker", "call.start", "before"),
+    ("backend/bls_direct.py", "conn = target.take(", "call.took", "after"),
+    ("backend/bls_direct.py", "fences = cuda_peers.fences(devices) if", "call.encoded", "before"),
+    ("backend/bls_direct.py", "staged = [r.offset for r in refs", "call.fenced", "before"),
+    ("backend/direct.py", "infer = m.Infer(-self._link", "call.checked", "before"),
+    ("backend/direct.py", "return DirectCall(self, target, conn, sent", "call.sent", "before"),
+    ("backend/direct.py", "msg, payload = conn.channel.recv()", "call.answer", "after"),
+    ("backend/bls_direct.py", "done, payload = answer", "call.followed", "before"),
+    ("backend/bls_direct.py", "            return answered\n", "call.response", "before"),
+    ("backend/bls_direct.py", "self.call.done(done, lent_count(done))", "call.done", "after"),
+    ("backend/link.py", "source = self.served.ready(self._channel)", "serve.ready", "after"),
+    ("workers/direct.py", "conn.given_back(msg.release)", "serve.infer", "before"),
+    ("workers/direct.py", "conn.channel.send(done, buffers)", "serve.reply", "before"),
+    ("workers/direct.py", "conn.channel.send(done, buffers)", "serve.sent", "after"),
+    ("workers/main.py", "reply = self.runner.infer(msg, payload)", "worker.infer", "before"),
+    ("workers/main.py", "self.worker.send(*reply)", "worker.sent", "after"),
+    ("workers/runner.py", "        if release:\n            self.release(", "run.start", "before"),
+    ("workers/runner.py", "inputs = [self._input_tensor(ref", "run.fences_waited", "before"),
+    ("workers/runner.py", "requests.append(request)", "run.request_built", "before"),
+    ("workers/runner.py", "responses = self._call(self.model.execute", "run.executed", "after"),
+    ("workers/runner.py", "settled = gpu_bls.settle_borrowed([", "run.settled", "after"),
+    ("workers/runner.py", "fences = gpu_bls.reply_fences(item", "run.fences_made", "after"),
+    ("workers/runner.py", "if wanted and tensor.name() not in", "out.tensor", "before"),
+    ("workers/runner.py", "text = response.parameters()", "out.done", "before"),
+    ("workers/runner.py", "timings = m.Timings(timings_start", "run.replied", "before"),
+    (
+        "ipc/channel.py",
+        "header_len, payload_len = codec.PREFIX.unpack_from(self._buf",
+        "recv.read",
+        "before",
+    ),
+    (
+        "ipc/channel.py",
+        "message = self._decoder.decode(memoryview(self._buf)[head",
+        "recv.decoded",
+        "after",
+    ),
+    # finer steps: a fence's record, the lend's parts, the reply's and the response's last
+    ("backend/cuda_peers.py", "cuda_ipc.record_event(own[0], device)", "fence.record", "before"),
+    ("backend/cuda_peers.py", "cuda_ipc.record_event(own[0], device)", "fence.recorded", "after"),
+    ("workers/gpu_bls.py", "if regions.locate_cuda(info.ptr, nbytes)", "lend.start", "before"),
+    ("workers/gpu_bls.py", "found = ipc.find(info.ptr, settled)", "lend.region", "before"),
+    ("workers/gpu_bls.py", "handle, offset = ipc.export(info.ptr", "lend.found", "before"),
+    ("workers/gpu_bls.py", "handle, offset = ipc.export(info.ptr", "lend.exported", "after"),
+    ("workers/gpu_bls.py", "return m.TensorRef(tensor.name(), ", "lend.counted", "before"),
+    ("workers/direct.py", "done.outputs = [worker.served.lent_ref", "serve.lent", "after"),
+    ("workers/direct.py", "done, buffers = _answer(runner", "serve.answered", "after"),
+    ("workers/direct.py", "done.fences = cuda_peers.unfinished(", "serve.asked", "after"),
+    ("backend/bls_tensors.py", "base = cuda_peers.ipc().open(ref.", "response.opened", "after"),
+    ("backend/bls_tensors.py", "tensors = [_output_tensor(", "response.wrapped", "after"),
+    ("backend/direct.py", "batch = target.check(call, refs, payload)", "call.form", "after"),
+    ("backend/direct.py", "fences = cuda_peers.unfinished(fences)", "call.asked", "after"),
+    ("backend/direct.py", "conn.release_frame()\n        sent", "call.framed", "after"),
+]
+
+STAMPS_MODULE = """
+import atexit, os, time
+_buf = []
+_dir = os.environ["DLSERVE_HOP_STAMPS"]
+_ns = time.perf_counter_ns
+def s(label):
+    _buf.append((label, _ns()))
+    if len(_buf) > 100000:
+        _dump()
+def _dump():
+    with open(f"{_dir}/{os.getpid()}.txt", "a") as f:
+        f.write("".join(f"{label} {t}\\n" for label, t in _buf))
+    _buf.clear()
+atexit.register(_dump)
+"""
+
+
+def patch(src: Path) -> None:
+    (src / "dlserve" / "_hop_stamps.py").write_text(STAMPS_MODULE)
+    by_file: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
+    for name, anchor, label, where in STAMPS:
+        by_file[name].append((anchor, label, where))
+    for name, stamps in by_file.items():
+        path = src / "dlserve" / name
+        text = path.read_text()
+        for anchor, label, where in stamps:
+            if text.count(anchor) != 1:
+                raise SystemExit(f"{name}: no single {anchor!r} for {label!r}: update STAMPS")
+            at = text.index(anchor)
+            if where == "after":
+                at = text.index("\n", at + len(anchor.rstrip("\n"))) + 1
+            else:
+                at = text.rindex("\n", 0, at + 1) + 1  # the start of the anchor's line
+            line_start = at if where == "before" else text.rindex("\n", 0, at - 1) + 1
+            line = text[line_start : text.index("\n", line_start)]
+            indent = line[: len(line) - len(line.lstrip())]
+            text = text[:at] + f"{indent}_hop_stamps.s({label!r})\n" + text[at:]
+        head = "from __future__ import annotations\n"
+        text = text.replace(head, head + "from dlserve import _hop_stamps\n", 1)
+        path.write_text(text)
+
+
+def report(folder: Path) -> None:
+    for path in sorted(folder.glob("*.txt")):
+        rows = [line.split() for line in path.read_text().splitlines()]
+        stamps = [(label, int(t)) for label, t in rows]
+        steps: dict[str, list[float]] = collections.defaultdict(list)
+        for (a, ta), (b, tb) in itertools.pairwise(stamps):
+            steps[f"{a} -> {b}"].append((tb - ta) / 1e3)
+        labels = {label for label, _ in stamps}
+        role = (
+            "BLS caller"
+            if "call.start" in labels
+            else ("callee" if "serve.infer" in labels else "model served by the server")
+        )
+        often = [(step, times) for step, times in steps.items() if len(times) >= 200]
+        if not often:
+            continue  # the server's process: it only imports the stamped modules
+        print(f"== process {path.stem} ({role}): median us between stamps")
+        for step, times in sorted(often, key=lambda kv: -len(kv[1])):
+            kept = times[len(times) // 5 :]
+            print(f"  {step:<42} {statistics.median(kept):8.1f}  (n={len(kept)})")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / "src", root / "src", ignore=ignore)
+        shutil.copytree(ROOT / "benchmarks", root / "benchmarks", ignore=ignore)
+        shutil.copytree(ROOT / "tools", root / "tools", ignore=ignore)
+        patch(root / "src")
+        out = root / "stamps"
+        out.mkdir()
+        env = {**os.environ, "DLSERVE_HOP_STAMPS": str(out)}
+        probe = root / "tools" / "bls_hops.py"
+        subprocess.run([sys.executable, str(probe), *sys.argv[1:]], env=env, check=True)
+        report(out)
+
+
+if __name__ == "__main__":
+    main()
