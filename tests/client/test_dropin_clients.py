@@ -37,7 +37,10 @@ def test_the_drop_ins_are_tritonclients(server: RunningServer, module: ModuleTyp
             client.register_cuda_shared_memory(
                 name="seed", cuda_shm_handle=HANDLE, device_id=0, byte_size=64
             )
-        assert "failed to register CUDA shared memory region 'seed'" in info.value.message()
+        # Triton's refusal: the handle does not open, or (no cuda-python) no GPU support
+        assert info.value.message().startswith(
+            ("failed to register shared memory region", "failed to register CUDA shared memory")
+        )
         with pytest.raises(TypeError, match="takes the handle once"):
             client.register_cuda_shared_memory("seed", HANDLE, 0, 64, cuda_shm_handle=HANDLE)
         status = client.get_cuda_shared_memory_status()
