@@ -43,8 +43,8 @@ import msgspec
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from dlserve.backend.tensor import Tensor
 from dlserve.ipc import messages as m
+from dlserve.pb_utils.tensor import Tensor
 
 
 def spinner(kind: str) -> None:

@@ -83,8 +83,8 @@ def _bls_repository(root: Path) -> Path:
 
 
 async def _core_loop(requests: int, profile: str | None, model: str) -> tuple[float, float]:
-    from dlserve.core.repository import Repository
-    from dlserve.core.service import InferenceService, ServiceOptions
+    from dlserve.server.core.models.repository import Repository
+    from dlserve.server.core.service import InferenceService, ServiceOptions
 
     with tempfile.TemporaryDirectory() as tmp:
         repository = EXAMPLES if model == "add_sub" else _bls_repository(Path(tmp))
@@ -166,7 +166,7 @@ def _print_breakdown(stats: Any) -> None:
 
 
 def run_core(requests: int, profile: str | None, model: str = "add_sub") -> tuple[float, float]:
-    from dlserve.server import asyncio_run
+    from dlserve.server.wiring import asyncio_run
 
     result: list[tuple[float, float]] = []
 

@@ -67,10 +67,10 @@ def callee_steps(x: Any) -> None:
     """A BLS callee's execute, step by step, as the benchmarks' gpu_times2 runs it."""
     from torch.utils.dlpack import from_dlpack, to_dlpack
 
-    from dlserve import backend as pb_utils
-    from dlserve.backend import cuda_peers
-    from dlserve.workers import gpu_bls
-    from dlserve.workers.regions import ClientRegions
+    from dlserve import pb_utils as pb_utils
+    from dlserve.worker.bls import cuda_peers
+    from dlserve.worker.bls import gpu as gpu_bls
+    from dlserve.worker.client_regions import ClientRegions
 
     tensor = pb_utils.Tensor._wrap_gpu(
         "INPUT_0", cuda_peers.gpu_info(x.data_ptr(), [NBYTES // 4], _fp32(), 0), x

@@ -87,8 +87,8 @@ def aio_server(requests: int) -> tuple[float, float]:
 def dlserve_server(requests: int) -> tuple[float, float]:
     import uvloop
 
-    from dlserve.frontends.grpc.calls import Method
-    from dlserve.frontends.grpc.transport import GrpcServer
+    from dlserve.server.transport.grpc.calls import Method
+    from dlserve.server.transport.grpc.listener import GrpcServer
 
     async def infer(request: Any, context: Any) -> Any:
         return pb.ModelInferResponse(model_name=request.model_name)

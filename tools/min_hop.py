@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 import _triton  # noqa: E402  (benchmarks/_triton.py: a module, not a package)
 
-from dlserve import backend as pb_utils  # noqa: E402
+from dlserve import pb_utils as pb_utils  # noqa: E402
 from dlserve.ipc import codec  # noqa: E402
 from dlserve.ipc import messages as m  # noqa: E402
 from dlserve.ipc.channel import BlockingChannel  # noqa: E402

@@ -62,8 +62,8 @@ def canned_server(ports: Any) -> None:
     import uvloop
     from tritonclient.grpc import service_pb2 as pb
 
-    from dlserve.frontends.grpc.calls import Method
-    from dlserve.frontends.grpc.transport import GrpcServer
+    from dlserve.server.transport.grpc.calls import Method
+    from dlserve.server.transport.grpc.listener import GrpcServer
 
     output = pb.ModelInferResponse.InferOutputTensor(
         name="OUTPUT0", datatype="FP32", shape=[ELEMENTS]

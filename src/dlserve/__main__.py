@@ -2,6 +2,6 @@
 
 import sys
 
-from dlserve.cli import main
+from dlserve.server.cli import main
 
 sys.exit(main())

@@ -1,8 +1,8 @@
 """dlserve's one error hierarchy.
 
 Every failure that reaches a client is a :class:`DlserveError` carrying an
-:class:`ErrorCode`. Each frontend maps the code once (``frontends/grpc/errors.py``,
-``frontends/http/errors.py``); nothing here knows about a protocol.
+:class:`ErrorCode`. Each frontend maps the code once (``server/frontends/grpc/status_codes.py``,
+``server/frontends/http/status_codes.py``); nothing here knows about a protocol.
 
 ::
 

@@ -92,7 +92,7 @@ class Peer:
     An address that is not an IP address (say "") stands for a peer the frontend could not
     tell: the core treats it as remote. ``port`` is the peer's TCP port where known;
     ``pid`` the process id a client says it has (the ``dlserve-client-pid`` header), which
-    the core believes only where the operating system confirms it (``core/owners.py``);
+    the core believes only where the operating system confirms it (``server/core/shm/owners.py``);
     ``connection_pid`` the process at the other end of the request's own connection, as the
     operating system says (SO_PEERCRED on a Unix socket), where the frontend knows it.
     """

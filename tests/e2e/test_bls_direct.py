@@ -1,6 +1,6 @@
-"""BLS calls that go straight from the caller's worker to the callee's instance, not
-through the server (core/direct.py, backend/direct.py), through a real server driven by
-unmodified tritonclient:
+"""BLS calls that go straight from the caller's worker to the callee's instance, not through the
+server (server/core/calls/direct_broker.py, worker/bls/direct_caller.py), through a real server
+driven by unmodified tritonclient:
 
 - they do not pass through the server: with the server stopped (SIGSTOP), calls run,
   also those of a model that calls itself (each to an instance not waiting on the call);

@@ -228,8 +228,9 @@ def test_a_generate_stream_client_that_goes_away_releases_the_held_send(
 def test_a_bls_caller_that_reads_later_does_not_hold_the_callee_back(
     server: RunningServer, tmp_path: Path
 ) -> None:
-    """Unlike a network client, a BLS caller is not given a window: the callee sends all it
-    has while the caller reads nothing (core/bls.py says why), and the caller then gets
+    """Unlike a network client, a BLS caller is not given a window: the callee sends all it has
+    while the caller reads nothing (server/core/calls/bls_router.py says why), and the caller then
+    gets
     every response, intact and in order."""
     called, go = tmp_path / "called", tmp_path / "go"
     os.mkfifo(called)

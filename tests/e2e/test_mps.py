@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import EXAMPLES, repository_of, run_server
-from dlserve.core.mps import CONTROL
+from dlserve.server.core.host.mps import CONTROL
 from dlserve.tensors import cuda_ipc
 
 try:
@@ -73,7 +73,7 @@ def test_the_workers_are_clients_of_the_servers_own_mps_daemon(tmp_path: Path) -
 
             children = psutil.Process(server.process.pid).children(recursive=True)
             (daemon,) = [c for c in children if c.name() == CONTROL]
-            workers = [c.pid for c in children if "dlserve.workers.main" in c.cmdline()]
+            workers = [c.pid for c in children if "dlserve.worker.main" in c.cmdline()]
             assert workers
             daemon_env = daemon.environ()
             env = {key: daemon_env[key]

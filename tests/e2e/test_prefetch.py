@@ -1,7 +1,7 @@
-"""A model without dynamic batching and with one instance: one more request waits at the
-busy instance, in its worker's socket, so the worker starts it as soon as its execute
-returns, without the server (core/scheduler.py). Such a request still counts as pending,
-and it is still the server's: a client that leaves cancels it unrun (test_scheduling.py,
+"""A model without dynamic batching and with one instance: one more request waits at the busy
+instance, in its worker's socket, so the worker starts it as soon as its execute returns, without
+the server (server/core/scheduling/scheduler.py). Such a request still counts as pending, and it is
+still the server's: a client that leaves cancels it unrun (test_scheduling.py,
 HTTP), and an instance that dies before it started sends it back to the queue."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, TEST_MODELS, RunningServer, repository_of, run_server
-from dlserve.core.response_cache import CachedTensor, packed_size
+from dlserve.server.core.cache.response_cache import CachedTensor, packed_size
 from dlserve.tensors import cuda_ipc
 
 try:

@@ -29,7 +29,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, RunningServer, run_server
-from dlserve.frontends.restrictions import GROUPS, GRPC_METHOD_GROUPS, HTTP_ROUTE_GROUPS
+from dlserve.server.frontends.restrictions import GROUPS, GRPC_METHOD_GROUPS, HTTP_ROUTE_GROUPS
 
 ADMIN = {"triton-grpc-protocol-admin-key": "secret"}  # gRPC: Triton's header prefix
 HTTP_ADMIN = {"admin-key": "secret"}

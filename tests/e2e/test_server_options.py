@@ -146,7 +146,7 @@ def _workers_of(mark: str) -> list[psutil.Process]:
     (not those of other servers running meanwhile)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
-        if "dlserve.workers.main" not in " ".join(process.info["cmdline"] or []):
+        if "dlserve.worker.main" not in " ".join(process.info["cmdline"] or []):
             continue
         with contextlib.suppress(psutil.Error):  # gone meanwhile, or not ours to read
             if process.environ().get(WORKER_MARK) == mark:

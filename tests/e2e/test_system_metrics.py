@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import EXAMPLES, RunningServer, repository_of, run_server
-from dlserve.core.devices import gpu_count
+from dlserve.server.core.host.devices import gpu_count
 
 HAS_GPU = gpu_count() > 0
 

@@ -2,7 +2,7 @@
 what they do needs the server: a BLS call, model control, custom metrics, an output's
 name, an error's message. Each is given as ``str``, as ``bytes`` (Triton's C++ strings
 take both) and as a number (pybind11's TypeError, raised at the model's call). The same
-arguments' checks on pb_utils alone are in tests/backend/test_pb_arguments.py.
+arguments' checks on pb_utils alone are in tests/pb_utils/test_pb_arguments.py.
 """
 
 from __future__ import annotations

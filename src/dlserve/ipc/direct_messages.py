@@ -1,4 +1,5 @@
-"""Messages of BLS calls that go from one worker straight to another (``backend/direct.py``).
+"""Messages of BLS calls that go from one worker straight to another
+(``worker/bls/direct_caller.py``).
 
 A caller asks the server once per callee model (:class:`DirectOpen`). The server answers
 with what the caller needs to call that model's instances itself (:class:`DirectTargets`:

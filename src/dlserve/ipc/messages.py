@@ -293,7 +293,7 @@ class BlsCredit(_Msg, tag=108):
     """A decoupled BLS call's caller about its responses. ``stop``: it stopped listening
     (``cancel()``, or its iterator was collected): the rest is dropped and the callee sees
     ``is_cancelled()``. (Responses are not held back by what the caller has taken:
-    core/bls.py says why.)"""
+    server/core/calls/bls_router.py says why.)"""
 
     call: int
     stop: bool = False

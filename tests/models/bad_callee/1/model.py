@@ -8,7 +8,7 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from dlserve.backend import link
+from dlserve.worker.link import link
 
 
 class TritonPythonModel:

@@ -26,9 +26,9 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from dlserve.backend import link
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
+from dlserve.worker.link import link
 
 
 def call_callee(x, callee="bad_callee"):

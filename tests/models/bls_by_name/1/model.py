@@ -18,7 +18,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from dlserve.backend import link
+from dlserve.worker.link import link
 
 
 def bls_request(model_name, x, *, as_bytes=False):

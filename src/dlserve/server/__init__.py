@@ -1,0 +1,1 @@
+"""The server process: command line, wiring, transports, frontends and core."""

@@ -1,0 +1,1 @@
+"""The server's core: models, scheduling, calls, shared memory, telemetry."""

@@ -1,0 +1,1 @@
+"""Triton's response cache."""

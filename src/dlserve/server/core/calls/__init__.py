@@ -1,0 +1,1 @@
+"""Calls between models: BLS through the server, direct calls, ensembles."""

@@ -1,0 +1,1 @@
+"""Facts about the host: GPUs, MPS, processes behind connections."""

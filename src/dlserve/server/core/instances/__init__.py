@@ -1,0 +1,1 @@
+"""The server's handles on its worker processes (model instances)."""

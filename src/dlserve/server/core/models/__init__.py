@@ -1,0 +1,1 @@
+"""Model repository, configs, versions: loading, reloading, unloading."""

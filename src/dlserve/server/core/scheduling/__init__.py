@@ -1,0 +1,1 @@
+"""Where requests wait for an instance: queues, batching, sequences."""

@@ -1,0 +1,1 @@
+"""Client shared memory (system and CUDA): registry, owners, checks."""

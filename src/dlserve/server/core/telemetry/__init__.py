@@ -1,0 +1,1 @@
+"""Metrics, statistics, log settings and request tracing."""

@@ -1,0 +1,1 @@
+"""Triton's protocols translated to and from the core's types."""

@@ -1,0 +1,1 @@
+"""Triton's gRPC service (KServe v2 + Triton's extensions)."""

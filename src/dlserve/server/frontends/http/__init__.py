@@ -1,0 +1,1 @@
+"""Triton's HTTP/REST API (KServe v2 + Triton's extensions)."""

@@ -1,0 +1,174 @@
+"""HTTP translation for system and CUDA shared memory: region parameters, and the
+``/v2/systemsharedmemory`` and ``/v2/cudasharedmemory`` routes.
+
+Shapes and messages are Triton's (``src/http_server.cc``): a status is a JSON list of
+``{"name", "key", "offset", "byte_size"}``; register takes ``{"key", "offset",
+"byte_size"}`` (offset optional); the region parameters of a tensor are unsigned integers.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dlserve import errors
+from dlserve.server.core.service import InferenceService
+from dlserve.tensors.cuda_ipc import HANDLE_SIZE
+from dlserve.types import Parameters, Peer, RegionRef
+
+JsonObject = dict[str, Any]
+ReadJson = Callable[[Request, str], Awaitable[JsonObject]]
+Encode = Callable[[object], bytes]
+CLIENT_PID_HEADER = "dlserve-client-pid"  # the pid a client says it has (server/core/shm/owners.py)
+# Triton's HTTP register handler, for a handle that does not decode to 64 bytes.
+BAD_HANDLE = "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
+
+
+# --- tensors ---------------------------------------------------------------------------
+
+
+def region_of(params: Parameters) -> RegionRef:
+    """The region an input's or output's parameters name (``shared_memory_region`` set)."""
+    region = params["shared_memory_region"]
+    if type(region) is not str:
+        raise errors.InvalidArgumentError("Unable to parse 'shared_memory_region'")
+    offset = _unsigned(params, "shared_memory_offset")
+    byte_size = _unsigned(params, "shared_memory_byte_size")
+    return RegionRef(region, byte_size, offset)
+
+
+def _unsigned(params: Parameters | JsonObject, key: str) -> int:
+    value = params.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise errors.InvalidArgumentError(f"Unable to parse '{key}'")
+    return value
+
+
+def without_region_keys(params: Parameters) -> Parameters:
+    return {k: v for k, v in params.items() if not k.startswith("shared_memory_")}
+
+
+def peer_of(client: object, pid: str = "") -> Peer:
+    """The ASGI scope's "client": (host, port) over TCP, None over a Unix socket; ``pid``:
+    the one the client claims (its ``dlserve-client-pid`` header)."""
+    claimed = int(pid) if pid.isdigit() else None
+    if client is None:
+        return Peer(None, pid=claimed)
+    if isinstance(client, tuple | list) and client and isinstance(client[0], str):
+        port = client[1] if len(client) > 1 and isinstance(client[1], int) else None
+        return Peer(client[0], port, claimed)
+    return Peer("")
+
+
+# --- routes ----------------------------------------------------------------------------
+
+
+class SystemSharedMemoryRoutes:
+    """The routes, answered by the service; ``read_json`` reads a bounded JSON body."""
+
+    def __init__(self, service: InferenceService, read_json: ReadJson, encode: Encode) -> None:
+        self.service = service
+        self.read_json = read_json
+        self.encode = encode
+
+    prefix = "/v2/systemsharedmemory"
+
+    def routes(self) -> list[Route]:
+        get, post, prefix = ["GET"], ["POST"], self.prefix
+        region = f"{prefix}/region/{{region}}"
+        return [
+            Route(f"{prefix}/status", self.status, methods=get),
+            Route(f"{region}/status", self.status, methods=get),
+            Route(f"{prefix}/register", self.register, methods=post),
+            Route(f"{region}/register", self.register, methods=post),
+            Route(f"{prefix}/unregister", self.unregister, methods=post),
+            Route(f"{region}/unregister", self.unregister, methods=post),
+        ]
+
+    async def status(self, request: Request) -> Response:
+        regions = self.service.shm_status(request.path_params.get("region", ""))
+        body = [
+            {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+            for r in regions
+        ]
+        return Response(self.encode(body), media_type="application/json")
+
+    async def register(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        body = await self.read_json(request, "shared memory register")
+        key = body.get("key")
+        if key is None:
+            raise errors.InvalidArgumentError("Shared memory register request has no 'key' field")
+        if type(key) is not str:
+            raise errors.InvalidArgumentError("Unable to parse 'key'")
+        if "byte_size" not in body:
+            raise errors.InvalidArgumentError(
+                "Shared memory register request has no 'byte_size' field"
+            )
+        offset, byte_size = _unsigned(body, "offset"), _unsigned(body, "byte_size")
+        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
+        await self.service.register_shm(name, key, offset, byte_size, peer)
+        return Response(status_code=200, media_type="application/json")
+
+    async def unregister(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        self.service.unregister_shm(name, peer_of(request.scope.get("client")))
+        return Response(status_code=200, media_type="application/json")
+
+
+class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
+    """``/v2/cudasharedmemory[/region/{name}]/status|register|unregister``: a status is a
+    JSON list of ``{"name", "device_id", "byte_size"}``; register takes
+    ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}``."""
+
+    prefix = "/v2/cudasharedmemory"
+
+    async def status(self, request: Request) -> Response:
+        regions = self.service.shm_status(request.path_params.get("region", ""), cuda=True)
+        body = [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
+                for r in regions]  # fmt: skip
+        return Response(self.encode(body), media_type="application/json")
+
+    async def register(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
+        body = await self.read_json(request, "shared memory register")
+        raw = body.get("raw_handle")
+        if raw is None:
+            raise errors.InvalidArgumentError(
+                "Shared memory register request has no 'raw_handle' field"
+            )
+        if not isinstance(raw, dict) or type(raw.get("b64")) is not str:
+            raise errors.InvalidArgumentError("Unable to parse 'b64'")
+        for key in ("byte_size", "device_id"):
+            if key not in body:
+                raise errors.InvalidArgumentError(
+                    f"Shared memory register request has no '{key}' field"
+                )
+        byte_size, device_id = _unsigned(body, "byte_size"), _unsigned(body, "device_id")
+        handle = _handle(raw["b64"])
+        await self.service.register_cuda_shm(name, handle, device_id, byte_size, peer)
+        return Response(status_code=200, media_type="application/json")
+
+    async def unregister(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        self.service.unregister_shm(name, peer_of(request.scope.get("client")), cuda=True)
+        return Response(status_code=200, media_type="application/json")
+
+
+def _handle(text: str) -> bytes:
+    """The cudaIpcMemHandle_t a register body carries, checked as Triton's HTTP frontend
+    checks it (before anything is opened)."""
+    try:
+        handle = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise errors.InvalidArgumentError(BAD_HANDLE) from None
+    if len(handle) != HANDLE_SIZE:
+        raise errors.InvalidArgumentError(BAD_HANDLE)
+    return handle

@@ -1,0 +1,1 @@
+"""gRPC over HTTP/2: calls, messages, status, deadlines, listening."""

@@ -1,0 +1,319 @@
+"""gRPC over HTTP/2 (``h2.py``): calls, length-prefixed messages, status, deadlines.
+
+One :class:`GrpcConnection` per client connection; each stream is a call of a
+:class:`Method` from the server's table: unary (one message in, one out) or streaming
+both ways. A unary call's handler starts when its request has arrived whole, and its
+response (headers, message, trailers) leaves in one write. What gRPC over HTTP/2 says
+(grpc/doc/PROTOCOL-HTTP2.md) and this keeps: ``grpc-timeout`` ends the call with
+DEADLINE_EXCEEDED and cancels its handler; a client's RST_STREAM or a lost connection
+cancels it; messages compressed with gzip or deflate are accepted; errors are
+"trailers-only" responses with ``grpc-status`` and a percent-encoded ``grpc-message``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+import numpy as np
+
+from dlserve.server.frontends.grpc.status_codes import (
+    CANCELLED,
+    DEADLINE_EXCEEDED,
+    RpcError,
+    status_of,
+)
+from dlserve.server.transport.grpc.calls import (
+    END,
+    Call,
+    Context,
+    Parts,
+    Streaming,
+    Unary,
+    parse_timeout,
+    peer_name_of,
+    peer_pid_of,
+    trailers,
+)
+from dlserve.server.transport.h2 import connection as h2
+from dlserve.server.transport.h2 import hpack_codec
+
+if TYPE_CHECKING:
+    from dlserve.server.transport.grpc.listener import GrpcServer
+
+
+OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
+UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]
+RESOURCE_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+MAX_MESSAGE: Final = 2**31 - 1  # as Triton: protobuf's own limit
+_TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
+_HEAD_BLOCK: Final = hpack_codec.encode((
+    (b":status", b"200"), (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+))  # fmt: skip
+_OK_TRAILERS: Final = hpack_codec.encode(((b"grpc-status", b"0"),))
+
+
+class GrpcConnection(h2.Connection):
+    def __init__(self, server: GrpcServer) -> None:
+        super().__init__()
+        self.server = server
+        self.calls: dict[int, Call] = {}
+        self._peer = ""
+        self._peer_pid: int | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._peer = peer_name_of(transport)
+        self._peer_pid = peer_pid_of(transport)
+        self.server.connections.add(self)
+        if self.server.stopping:
+            self.go_away()
+
+    def closed(self) -> None:
+        self.server.connections.discard(self)
+        for call in list(self.calls.values()):
+            self._cancel(call)
+        self.calls.clear()
+        self.server.check_drained()
+
+    # -- a call begins ------------------------------------------------------------------
+    def stream_opened(self, stream_id: int, headers: h2.Headers, end_stream: bool) -> None:
+        fields = dict(headers)
+        method = self.server.methods.get(fields.get(":path", ""))
+        if method is None or fields.get(":method") != "POST":
+            path = fields.get(":path", "")
+            self._refuse(stream_id, UNIMPLEMENTED, f"Method not found: {path}", end_stream)
+            return
+        if not fields.get("content-type", "").startswith("application/grpc"):
+            self._refuse(stream_id, UNIMPLEMENTED, "not a gRPC request", end_stream)
+            return
+        if method.restriction is not None and not method.restriction.allows(headers):
+            self._refuse(stream_id, UNAVAILABLE, method.restriction.grpc_message, end_stream)
+            return
+        call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
+                    fields.get("grpc-encoding", "identity"))  # fmt: skip
+        if self.server.timing.active:
+            call.context.opened_ns = time.monotonic_ns()
+        self.calls[stream_id] = call
+        self.server.calls += 1
+        timeout = parse_timeout(fields.get("grpc-timeout", ""))
+        if timeout is not None:
+            call.deadline = self._loop.call_later(timeout, self._expire, call)
+        if method.streaming:
+            call.task = self._loop.create_task(self._run_streaming(call))
+        if end_stream:
+            self.stream_data(stream_id, b"", True)
+
+    def _refuse(self, stream_id: int, code: int, message: str, end_stream: bool) -> None:
+        self.send(stream_id, b"", (), self._trailers_only(code, message))
+        if not end_stream:
+            self.stop_reading(stream_id)
+
+    @staticmethod
+    def _trailers_only(code: int, message: str) -> bytes:
+        return _HEAD_BLOCK + trailers(code, message)
+
+    # -- messages in --------------------------------------------------------------------
+    def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
+        if (call.message is None and not call.buffer and len(data) >= 5
+                and int.from_bytes(data[1:5], "big") == len(data) - 5):  # fmt: skip
+            self._message(call, data[0], memoryview(data)[5:])  # the usual case: no copy
+        elif data:
+            self._gather(call, memoryview(data))
+        if end_stream:
+            call.remote_ended = True
+            self._deliver(call, END)
+
+    def _gather(self, call: Call, data: memoryview) -> None:
+        """Messages arriving in pieces: each is copied once, into a buffer of its size made
+        when its 5-byte prefix is in (no copy of what arrived before, however large)."""
+        while data:
+            message = call.message
+            if message is None:
+                take = min(5 - len(call.buffer), len(data))
+                call.buffer += data[:take]
+                data = data[take:]
+                if len(call.buffer) < 5:
+                    return
+                size = int.from_bytes(call.buffer[1:5], "big")
+                if size > MAX_MESSAGE:
+                    self._finish(call, RESOURCE_EXHAUSTED, _TOO_LARGE.format(size, MAX_MESSAGE))
+                    return
+                # not bytearray(size): calloc's fresh pages fault on every first write
+                message = call.message = np.empty(size, np.uint8).data
+                call.filled = 0
+            take = min(len(message) - call.filled, len(data))
+            message[call.filled : call.filled + take] = data[:take]
+            call.filled += take
+            data = data[take:]
+            if call.filled == len(message):
+                flag = call.buffer[0]
+                call.message = None
+                call.buffer.clear()
+                self._message(call, flag, message)
+
+    def _message(self, call: Call, flag: int, message: memoryview) -> None:
+        if flag:
+            try:
+                message = memoryview(self._decompress(call.encoding, message))
+            except RpcError as exc:
+                self._finish(call, *status_of(exc))
+                return
+        self._deliver(call, message)
+
+    @staticmethod
+    def _decompress(encoding: str, message: memoryview) -> bytes:
+        try:
+            if encoding == "gzip":
+                return zlib.decompress(message, 16 + zlib.MAX_WBITS)
+            if encoding == "deflate":
+                return zlib.decompress(message)
+        except zlib.error as exc:
+            raise RpcError(
+                grpc.StatusCode.INTERNAL, f"cannot decompress the message: {exc}"
+            ) from None
+        raise RpcError(
+            grpc.StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported"
+        )
+
+    def _deliver(self, call: Call, item: Any) -> None:
+        if call.method.streaming:
+            call.inbox.append(item)
+            if item is not END:
+                call.inbox_bytes += len(item)
+            if call.waiter is not None and not call.waiter.done():
+                call.waiter.set_result(None)
+        elif item is END:
+            if call.task is None:
+                request = call.inbox.popleft() if len(call.inbox) == 1 else None
+                call.task = self._loop.create_task(self._run_unary(call, request))
+        else:
+            call.inbox.append(item)
+
+    async def _requests(self, call: Call) -> AsyncIterator[Any]:
+        deserialize = call.method.deserialize
+        while True:
+            while not call.inbox:
+                call.waiter = self._loop.create_future()
+                await call.waiter
+            item = call.inbox.popleft()
+            if item is END:
+                return
+            call.inbox_bytes -= len(item)
+            if call.inbox_bytes <= h2.HIGH_WATER:
+                self.give_back(call.stream_id)
+            yield deserialize(item) if deserialize is not None else item
+
+    def holding(self, stream_id: int) -> bool:
+        call = self.calls.get(stream_id)
+        return call is not None and call.inbox_bytes > h2.HIGH_WATER
+
+    # -- running a call -----------------------------------------------------------------
+    async def _run_unary(self, call: Call, request: memoryview | None) -> None:
+        method = call.method
+        try:
+            if request is None:
+                raise RpcError(
+                    grpc.StatusCode.UNIMPLEMENTED, "a unary call needs exactly one request message"
+                )
+            handler: Unary = method.handler  # type: ignore[assignment]
+            arg = method.deserialize(request) if method.deserialize is not None else request
+            response = await handler(arg, call.context)
+            payload = method.serialize(response) if method.serialize is not None else response
+        except asyncio.CancelledError:
+            self._finish(call, CANCELLED, "Cancelled")
+            self._release_trace(call.context)
+            raise
+        except Exception as exc:
+            self._finish(call, *status_of(exc))
+            self._release_trace(call.context)
+        else:
+            trace = call.context.trace
+            if trace is None:
+                self._respond(call, payload, _OK_TRAILERS)
+                return
+            trace.stamp("GRPC_SEND_START", time.monotonic_ns())
+            self._respond(call, payload, _OK_TRAILERS)
+            trace.stamp("GRPC_SEND_END", time.monotonic_ns())
+            trace.release()
+
+    @staticmethod
+    def _release_trace(context: Context) -> None:
+        if context.trace is not None:
+            context.trace.release()
+
+    async def _run_streaming(self, call: Call) -> None:
+        method = call.method
+        handler: Streaming = method.handler  # type: ignore[assignment]
+        try:
+            async for response in handler(self._requests(call), call.context):
+                payload = method.serialize(response) if method.serialize is not None else response
+                self._respond(call, payload, None)
+                await self.drained(call.stream_id)
+        except asyncio.CancelledError:
+            self._finish(call, CANCELLED, "Cancelled")
+            raise
+        except Exception as exc:
+            self._finish(call, *status_of(exc))
+        else:
+            self._finish(call, OK, "")
+
+    def _respond(self, call: Call, payload: bytes | Parts, trailers: bytes | None) -> None:
+        """Send a response message (``Parts``: its pieces, not joined, and their size)."""
+        head = b""
+        if not call.started:
+            call.started = True
+            head = h2.frame(h2.HEADERS, h2.END_HEADERS, call.stream_id, _HEAD_BLOCK)
+        if isinstance(payload, tuple):
+            pieces, size = payload
+        else:
+            pieces, size = [payload], len(payload)
+        self.send(call.stream_id, head, [b"\x00" + size.to_bytes(4, "big"), *pieces], trailers)
+        if trailers is not None:
+            self._done(call)
+
+    def _finish(self, call: Call, code: int, message: str) -> None:
+        """End the call with a status (nothing happens if it has ended already)."""
+        if self.calls.get(call.stream_id) is not call:
+            return
+        block = trailers(code, message) if call.started else self._trailers_only(code, message)
+        self.send(call.stream_id, b"", (), block)
+        self._done(call)
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+
+    def _done(self, call: Call) -> None:
+        if self.calls.pop(call.stream_id, None) is None:
+            return
+        if call.deadline is not None:
+            call.deadline.cancel()
+        if not call.remote_ended:
+            self.stop_reading(call.stream_id)
+        self.server.calls -= 1
+        self.server.check_drained()
+
+    def _expire(self, call: Call) -> None:
+        self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _cancel(self, call: Call) -> None:
+        if call.deadline is not None:
+            call.deadline.cancel()
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+        if self.calls.pop(call.stream_id, None) is not None:
+            self.server.calls -= 1
+
+    def stream_reset(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._cancel(call)
+            self.server.check_drained()

@@ -1,0 +1,135 @@
+"""A small HTTP/1.1 server for ASGI apps, on asyncio (or uvloop) and httptools.
+
+It replaces uvicorn: about 15-30 us less server CPU per request (tritonclient.http
+against a canned-response app on a 2-core VM: 50-95 us under uvicorn, 38-68 us here,
+10-20 us for a bare asyncio.Protocol that parses nothing; what remains is httptools'
+callbacks, the request's Task and the ASGI coroutines). What makes it cheaper:
+
+- one Task per request and nothing else: no queue, no Event; ``receive`` only creates a
+  future when it really has to wait;
+- a small request (Content-Length up to 64 KiB) starts its app once the whole body is
+  in, so the first ``receive`` returns it without suspending;
+- response headers are held until the first body message, so a response sent as start
+  + final body leaves in one ``transport.write`` (one syscall, one TCP segment);
+- no per-request logging, clock reads or regex checks: the Date header is remade once a
+  second, a header's CR/LF check is two ``bytes.count`` over all of them.
+
+What it keeps: keep-alive, pipelining answered in order, request bodies streamed to the
+app with flow control (reading pauses above ``HIGH_WATER`` buffered bytes), chunked
+bodies both ways, HEAD, ``Expect: 100-continue``, ``http.disconnect``, and a body the
+app answered early (say a 400 on its Content-Length) discarded as it arrives, so the
+connection stays usable. The per-connection protocol is ``connection.py``; the
+request/response cycle ``exchange.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from email.utils import formatdate
+
+from dlserve.errors import FatalError
+from dlserve.server.transport.http1.connection import Connection
+from dlserve.server.transport.http1.exchange import HIGH_WATER, App
+from dlserve.server.transport.timing import NEVER, Timing
+
+__all__ = ["HIGH_WATER", "App", "HttpServer"]
+
+_CANCEL_GRACE_S = 1.0  # how long cancelled apps get to unwind when stop() runs out of time
+
+
+class HttpServer:
+    """Serves ``app`` on ``host:port`` inside the running event loop."""
+
+    def __init__(
+        self,
+        app: App,
+        host: str,
+        port: int,
+        *,
+        max_header_size: int = 64 * 1024,
+        server_header: bool = False,
+        timing: Timing = NEVER,
+    ) -> None:
+        self.app = app
+        self.timing = timing  # tracing on: requests note when their headers arrived
+        self.host = host
+        self.port = port
+        self.max_header_size = max_header_size
+        self._server_line = b"server: dlserve\r\n" if server_header else b""
+        self._server: asyncio.Server | None = None
+        self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._drained: asyncio.Future[None] | None = None
+        self.stopping = False
+        self.common_headers = b""  # Date and Server, ready to write
+        self._clock: asyncio.TimerHandle | None = None
+
+    async def start(self) -> int:
+        """Listen; the bound port (``port`` 0 picks a free one)."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self, loop),
+                self.host,
+                self.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise FatalError(
+                f"cannot listen for HTTP on {self.host}:{self.port}: {reason}"
+            ) from None
+        self._tick()
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, timeout: float) -> None:
+        """1. stop accepting  2. close idle connections; busy ones close after their
+        response  3. after ``timeout``, close the rest and cancel their apps."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()  # 1.
+        self.stopping = True
+        for connection in list(self.connections):  # 2.
+            connection.shutdown()
+        await self._drain(timeout)
+        for connection in list(self.connections):  # 3.
+            connection.abort()
+        for task in list(self.tasks):
+            task.cancel()
+        await self._drain(_CANCEL_GRACE_S)
+        await server.wait_closed()
+        if self._clock is not None:
+            self._clock.cancel()
+
+    async def _drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for every connection to close and every app to return."""
+        if self.connections or self.tasks:
+            self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._drained], timeout=timeout)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request body bytes received and not yet taken by an app, over all connections."""
+        return sum(connection.buffered for connection in self.connections)
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether some connection has stopped reading (its app is behind, or pipelining)."""
+        return any(connection.paused for connection in self.connections)
+
+    def _tick(self) -> None:
+        """Remake the Date header (and Server) each second, not each response."""
+        now = time.time()
+        date = formatdate(now, usegmt=True).encode()
+        self.common_headers = b"date: " + date + b"\r\n" + self._server_line
+        loop = asyncio.get_running_loop()
+        next_second = 1.0 - now % 1.0 + 0.01  # just past it: a timer may fire a little early
+        self._clock = loop.call_at(loop.time() + next_second, self._tick)
+
+    def check_drained(self) -> None:
+        drained = self._drained
+        if drained is not None and not self.connections and not self.tasks and not drained.done():
+            drained.set_result(None)

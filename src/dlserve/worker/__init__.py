@@ -1,0 +1,1 @@
+"""The worker process: runs one model instance (``python -m dlserve.worker.main``)."""

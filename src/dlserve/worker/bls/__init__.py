@@ -1,0 +1,1 @@
+"""BLS from inside a worker: calls to other models, their tensors, direct calls."""

@@ -1,0 +1,210 @@
+"""Entry point of a worker process: ``python -m dlserve.worker.main --fd N ...``.
+
+The worker imports only dlserve's model-side packages and the user's code. It
+serves one connection (an inherited socket) until the server says Shutdown or
+goes away. Its two arenas arrive as inherited memfds: they have no name, so
+nothing is left in /dev/shm however either process ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+
+from dlserve import pb_utils as backend
+from dlserve.ipc import codec
+from dlserve.ipc import messages as m
+from dlserve.ipc.channel import BlockingChannel, ChannelClosed
+from dlserve.ipc.log_environment import log_settings_env
+from dlserve.tensors import heap
+from dlserve.tensors.arena import ShmSegment
+from dlserve.worker.bls.direct_requests import serve_direct
+from dlserve.worker.link import link
+from dlserve.worker.link.link import WorkerLink
+from dlserve.worker.runner import LoadError, ModelRunner
+
+Channel = BlockingChannel[m.ServerToWorker]
+Arenas = tuple[ShmSegment, ShmSegment]  # (input arena, output arena)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this worker when the server process dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _default_signals() -> None:
+    """A process the model forks (multiprocessing's 'fork' start method) is the model's,
+    not the server's: SIGTERM ends it again (``Pool.terminate`` waits for that), SIGINT
+    raises KeyboardInterrupt, as in any Python program."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def install_pb_utils() -> None:
+    """Make ``import triton_python_backend_utils`` find dlserve's implementation."""
+    sys.modules["triton_python_backend_utils"] = backend
+
+
+def load(
+    worker: WorkerLink, msg: m.Load, runner: ModelRunner | None, arenas: Arenas
+) -> ModelRunner | None:
+    worker.model_name = msg.model_name
+    worker.instance = m.chain_entry(msg.model_name, msg.model_version, msg.instance_name)
+    worker.serving = False  # no BLS while the model initializes
+    if runner is not None:
+        runner.update(msg)
+    else:
+        runner = ModelRunner(msg, arenas)
+    worker.on_cancel = runner.cancel
+    worker.on_release = runner.release
+    worker.memory = runner
+    runner.link = worker  # execute() runs on the serve loop's thread: its link
+    try:
+        runner.start()
+    except LoadError as exc:
+        runner.finalize()
+        worker.send(m.LoadFailed(message=str(exc)))
+        return None
+    worker.serving = msg.initialize
+    worker.send(m.Loaded(config_json=json.dumps(runner.config), pid=os.getpid()))
+    return runner
+
+
+def serve(
+    channel: Channel, arenas: Arenas, fd_socket: socket.socket | None = None, *,
+    process_wide: bool = False,
+) -> None:  # fmt: skip
+    """Serve one connection until Shutdown or until the server goes away.
+
+    Model code reaches the server through this thread's WorkerLink (pb_utils metrics);
+    ``process_wide`` also makes it the default for threads the model starts.
+    ``fd_socket``: where the server hands over the sockets of direct BLS calls.
+    """
+    worker = WorkerLink(channel, fd_socket)
+    link.install(worker, process_wide=process_wide)
+    try:
+        _Serving(worker, arenas).run()
+    finally:
+        link.uninstall(worker)
+
+
+class _Serving:
+    """The serve loop's state: the link and the model instance it runs (after Load)."""
+
+    def __init__(self, worker: WorkerLink, arenas: Arenas) -> None:
+        self.worker = worker
+        self.arenas = arenas
+        self.runner: ModelRunner | None = None
+
+    def run(self) -> None:
+        """Handle frames until Shutdown or until the server goes away; finalize either way."""
+        try:
+            while self.step():
+                pass
+        except ChannelClosed:
+            pass
+        finally:
+            self.worker.serving = False  # no BLS while the model finalizes
+            if self.runner is not None:
+                self.runner.finalize()
+            for arena in self.arenas:
+                arena.close()
+            self.worker.close_direct()
+
+    def step(self) -> bool:
+        """Handle one frame; False once the server has said Shutdown."""
+        (msg, payload), direct = self.worker.next_work()
+        if direct is not None:  # from a worker calling this instance directly
+            if self.runner is not None:
+                serve_direct(self.runner, self.worker, direct, msg, payload)
+        elif isinstance(msg, m.Infer):
+            assert self.runner is not None, "Infer before Load"
+            reply = self.runner.infer(msg, payload)
+            if reply is not None:  # None: a decoupled model's responses went out already
+                self.worker.send(*reply)
+        elif isinstance(msg, m.InferBatch):
+            assert self.runner is not None, "InferBatch before Load"
+            self.worker.send_many(self.runner.execute(msg.items, msg.release, payload))
+        elif isinstance(msg, m.Release):
+            if self.runner is not None:
+                self.runner.release(msg.offsets, msg.gpu)
+        elif isinstance(msg, m.UnmapRegions):
+            if self.runner is not None:
+                self.runner.unmap_regions(msg.regions)
+        elif isinstance(msg, m.LogSettings):
+            os.environ.update(
+                log_settings_env(msg.verbose, msg.info, msg.warning, msg.error, msg.iso8601)
+            )
+        elif isinstance(msg, m.DropArenas):
+            if self.runner is not None:
+                self.runner.peers.drop(msg.arenas)
+        elif isinstance(msg, m.Load):
+            self.runner = load(self.worker, msg, self.runner, self.arenas)
+        elif isinstance(msg, m.Shutdown):
+            self.worker.served.close_all()  # direct callers go through the server now
+            runner, self.runner = self.runner, None
+            self.worker.serving = False  # no BLS while the model finalizes
+            if runner is not None:
+                runner.finalize()
+            self.worker.send(m.Closed())
+            return False
+        # a MetricValueReply here answers a call that gave up waiting: nothing to do
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dlserve-worker")
+    parser.add_argument("--fd", type=int, required=True, help="the connection to the server")
+    parser.add_argument("--input-arena-fd", type=int, required=True)
+    parser.add_argument("--output-arena-fd", type=int, required=True)
+    parser.add_argument("--fd-socket", type=int, default=-1, help="descriptors from the server")
+    parser.add_argument("--busy-poll-us", type=int, default=0)
+    args = parser.parse_args(argv)
+    # The model sees the command line Triton's stub gives it (its embedded interpreter has
+    # none): argparse or unittest.main() in a model must not find the worker's options.
+    sys.argv = [""]
+    _die_with_parent()
+    # The server decides when we stop: Ctrl-C in a terminal, systemd and `timeout` signal
+    # the whole process group, and the requests in flight must still finish. A worker
+    # whose server dies gets SIGKILL (_die_with_parent).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.register_at_fork(after_in_child=_default_signals)
+    install_pb_utils()
+    heap.keep_large_buffers()  # a model's large outputs reuse their pages request to request
+    sock = socket.socket(fileno=args.fd)
+    spin_ns = args.busy_poll_us * 1000
+    channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_ns)
+    fd_socket = socket.socket(fileno=args.fd_socket) if args.fd_socket >= 0 else None
+    arenas = (
+        ShmSegment.from_fd(args.input_arena_fd, "input-arena"),
+        ShmSegment.from_fd(args.output_arena_fd, "output-arena"),
+    )
+    profile_dir = os.environ.get("DLSERVE_WORKER_PROFILE")
+    if profile_dir:  # a developer's switch: cProfile each worker into this folder
+        import cProfile
+
+        cProfile.runctx(
+            "serve(channel, arenas, fd_socket, process_wide=True)",
+            globals(),
+            {"channel": channel, "arenas": arenas, "fd_socket": fd_socket},
+            os.path.join(profile_dir, f"worker-{os.getpid()}.prof"),
+        )
+    else:
+        serve(channel, arenas, fd_socket, process_wide=True)
+    channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""A ModelStreamInfer call's outbox: bounded by bytes, one message beyond."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dlserve.server.transport.grpc.outbox import Outbox
+
+
+def test_put_waits_while_the_limit_is_reached() -> None:
+    async def scenario() -> None:
+        box = Outbox(limit=10)
+        await box.put(b"x" * 6)
+        await box.put(b"y" * 6)  # 6 < 10: in, now 12 bytes wait
+        third = asyncio.ensure_future(box.put(b"z" * 6))
+        await asyncio.sleep(0)  # let it run to its wait
+        assert not third.done()
+        box.put_nowait(None)  # notices never wait
+        assert await box.get() == b"x" * 6  # 6 bytes left: room again
+        await asyncio.wait_for(third, 5)
+        assert [await box.get() for _ in range(3)] == [b"y" * 6, None, b"z" * 6]
+
+    asyncio.run(scenario())
+
+
+def test_get_waits_for_a_message() -> None:
+    async def scenario() -> None:
+        box = Outbox()
+        getter = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        assert not getter.done()
+        await box.put(b"m")
+        assert await asyncio.wait_for(getter, 5) == b"m"
+
+    asyncio.run(scenario())
