@@ -7,8 +7,8 @@
   context manager frees its memory;
 - crash: a client registers a 1 GiB CUDA region (a worker opens it) and is SIGKILLed:
   within 5 s the status lists none of it and the device's free memory is back;
-- the seed's client, with only its import changed (and its misnamed keyword), against the
-  seed's model.
+- the zero-copy guide's client, with only its import changed (and its misnamed keyword),
+  against the guide's model.
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def test_a_killed_clients_1gib_cuda_region_is_freed(server: RunningServer) -> No
     print(f"1 GiB region: gone from status {gone:.3f} s, memory back {freed:.3f} s later")
 
 
-def test_the_seed_client_with_only_its_import_changed(server: RunningServer) -> None:
-    source = (HERE / "seed_client.py").read_text().replace("localhost:8001", server.grpc_url)
+def test_the_guide_client_with_only_its_import_changed(server: RunningServer) -> None:
+    source = (HERE / "guide_client.py").read_text().replace("localhost:8001", server.grpc_url)
     done = subprocess.run(
         [sys.executable, "-c", source], capture_output=True, text=True, timeout=120
     )

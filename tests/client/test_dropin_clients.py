@@ -1,4 +1,5 @@
-"""dlserve.client.grpc / .http: tritonclient's clients, taking the seed's `cuda_shm_handle=`."""
+"""dlserve.client.grpc / .http: tritonclient's clients, taking a published zero-copy guide's
+`cuda_shm_handle=`."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_the_drop_ins_are_tritonclients(server: RunningServer, module: ModuleTyp
     assert module.InferInput is triton.InferInput
     with module.InferenceServerClient(url) as client:
         assert client.is_server_ready()
-        # The seed's spelling reaches the server: its answer is about the handle, not a
+        # The guide's spelling reaches the server: its answer is about the handle, not a
         # TypeError (this handle opens nowhere, and CI has no GPU).
         with pytest.raises(InferenceServerException) as info:
             client.register_cuda_shared_memory(

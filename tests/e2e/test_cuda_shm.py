@@ -9,8 +9,8 @@ offsets; the model writing into the client's memory; torch and cupy models; GPU 
 the wire; as_numpy of a GPU input; input placement (as arrived, FORCE_CPU_ONLY_INPUT_TENSORS,
 force_gpu_tensors); a producer deleted right after from_dlpack; get_output_buffer; the
 instance's device bound before initialize; unregistering while a request is in flight; each
-refused registration, and offsets past a region, with Triton's message; the seed's model and
-config, unchanged.
+refused registration, and offsets past a region, with Triton's message; the zero-copy guide's model
+and config, unchanged.
 """
 
 from __future__ import annotations
@@ -458,7 +458,7 @@ class TestOnTheGpu:
         assert params["device_at_initialize"] == params["current_device"] == 0
         assert params["uuid"] == f"GPU-{torch.cuda.get_device_properties(0).uuid}"
 
-    def test_the_seed_model_and_config_unchanged(self, client: Client, regions: Regions) -> None:
+    def test_the_guide_model_and_config_unchanged(self, client: Client, regions: Regions) -> None:
         shape = [1, 3, 224, 224]
         n = int(np.prod(shape))
         region = regions.create(n * FLOAT)
@@ -468,7 +468,7 @@ class TestOnTheGpu:
         given = client.in_region("INPUT_0", shape, "input_shm")
         result = client.api.infer("your_python_model", [given])
         np.testing.assert_array_equal(result.as_numpy("OUTPUT_0"), data * 2)
-        # from the wire too: force_gpu_tensors puts it on the GPU, as the seed's check wants
+        # from the wire too: force_gpu_tensors puts it on the GPU, as the guide's check wants
         result = client.api.infer("your_python_model", [client.wire("INPUT_0", data)])
         np.testing.assert_array_equal(result.as_numpy("OUTPUT_0"), data * 2)
 

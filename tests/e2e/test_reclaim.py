@@ -1,4 +1,4 @@
-"""The server reclaims the regions of client processes that die (issue 5).
+"""The server reclaims the regions of client processes that die.
 
 A client process (``shm_owner.py``, unmodified tritonclient) registers system shared-memory
 regions over gRPC, HTTP or gRPC on a Unix socket and is killed with SIGKILL: within 5 s the

@@ -1,8 +1,8 @@
-"""The one spelling the seeds' client uses that tritonclient does not take.
+"""The one spelling a published zero-copy guide's client uses that tritonclient does not take.
 
-The seed registers CUDA memory with ``register_cuda_shared_memory(name=...,
+The guide registers CUDA memory with ``register_cuda_shared_memory(name=...,
 cuda_shm_handle=..., device_id=..., byte_size=...)``; tritonclient names that argument
-``raw_handle``, so the seed raises TypeError against any server. dlserve's drop-in client
+``raw_handle``, so its client raises TypeError against any server. dlserve's drop-in client
 modules take both names.
 """
 

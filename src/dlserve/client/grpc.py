@@ -1,6 +1,6 @@
 """A drop-in for ``tritonclient.grpc``: everything it has, and an InferenceServerClient
 whose ``register_cuda_shared_memory`` also takes the handle as ``cuda_shm_handle=`` (the
-spelling of the seeds' client)."""
+spelling of a published zero-copy guide's client)."""
 
 from tritonclient.grpc import *  # noqa: F403 - the drop-in re-exports tritonclient.grpc
 from tritonclient.grpc import InferenceServerClient as _TritonClient

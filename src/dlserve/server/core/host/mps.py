@@ -1,9 +1,9 @@
 """NVIDIA MPS for the workers (``dlserve serve --mps``).
 
 Every worker process has its own CUDA context, and a GPU runs one context at a time: when
-work from another process's context arrives, the GPU switches, and on an H200 the first
-copy after another process's kernel costs about 150 us instead of 12
-(``benchmarks/probes/cuda_calls.py``). A BLS pipeline switches contexts at every hop.
+work from another process's context arrives, the GPU switches, and the first copy after
+another process's kernel costs many times a copy without a switch (``tools/cuda_calls.py``;
+the numbers are on the performance page). A BLS pipeline switches contexts at every hop.
 The Multi-Process Service runs the work of all its clients in one context, so nothing
 switches. ``--mps`` starts a private MPS control daemon (its pipe and log folders in a
 temporary folder of this server's own) before any worker starts; the workers, and the

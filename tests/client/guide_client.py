@@ -1,10 +1,11 @@
-# The seed's client (../shared/seeds/000_..., "第二步"), re-indented (the seed's text lost its
-# indentation) and with only its two tritonclient imports changed to dlserve's drop-ins.
+# The client of a published guide to zero-copy GPU tensors with Triton's Python backend
+# (its "第二步", step two), re-indented (the published text lost its indentation) and with
+# only its two tritonclient imports changed to dlserve's drop-ins.
 # The test runs it with "localhost:8001" replaced by the test server's address.
 #
-# As written, the seed passes the handle to register_cuda_shared_memory as
+# As written, the guide passes the handle to register_cuda_shared_memory as
 # `cuda_shm_handle=`, which tritonclient does not take (it names it `raw_handle`): the
-# seed raises TypeError under plain tritonclient; dlserve.client.grpc takes both names.
+# guide's client raises TypeError under plain tritonclient; dlserve.client.grpc takes both.
 import numpy as np
 import dlserve.client.grpc as grpcclient  # was: import tritonclient.grpc as grpcclient
 from dlserve.client import cuda_shared_memory as cudashm  # was: from tritonclient.utils import cuda_shared_memory as cudashm
