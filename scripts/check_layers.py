@@ -43,13 +43,8 @@ EXCEPTIONS: dict[str, set[str]] = {
     # --debug and the in-process tests run a worker's serve loop in a thread of the server
     "server/core/instances/kinds": {"worker/main"},
 }
-# edges that still cross a rule, until the model API gets its runtime injected and the
-# transports get Triton's codes passed in
+# edges that still cross a rule, until the transports get Triton's codes passed in
 PENDING: dict[str, set[str]] = {
-    "pb_utils/custom_metrics": {"worker/link/link"},
-    "pb_utils/logger": {"worker/link/link"},
-    "pb_utils/request": {"worker/bls/calls"},
-    "pb_utils/utils": {"worker/bls/calls"},
     "server/transport/grpc/calls": {"server/frontends/restrictions"},
     "server/transport/grpc/listener": {"errors"},
     "server/transport/grpc/rpc": {"server/frontends/grpc/status_codes"},

@@ -191,3 +191,29 @@ class FifoGate:
     def open(self) -> None:
         with open(self.go, "w") as go:
             go.write("go\n")
+
+
+@pytest.fixture
+def worker_runtime() -> Iterator[object]:
+    """pb_utils with the runtime a worker installs when it starts (``worker/main.py``);
+    the one before comes back after the test."""
+    from dlserve.pb_utils import runtime
+    from dlserve.worker.pb_utils_runtime import WORKER_RUNTIME
+
+    previous = runtime.install(WORKER_RUNTIME)
+    try:
+        yield WORKER_RUNTIME
+    finally:
+        runtime.install(previous)
+
+
+@pytest.fixture
+def no_worker() -> Iterator[object]:
+    """pb_utils with no worker's runtime, as a program that is no worker imports it."""
+    from dlserve.pb_utils import runtime
+
+    previous = runtime.install(runtime.NO_WORKER)
+    try:
+        yield runtime.NO_WORKER
+    finally:
+        runtime.install(previous)

@@ -54,6 +54,7 @@ def test_the_line_is_the_models_own_line(capsys: pytest.CaptureFixture[str]) -> 
     assert int(match.group(5)) == line
 
 
+@pytest.mark.usefixtures("worker_runtime")
 def test_lines_carry_the_model_name_inside_a_worker(capsys: pytest.CaptureFixture[str]) -> None:
     ours, theirs = socket.socketpair()
     worker = link.WorkerLink(BlockingChannel(ours, codec.to_worker))

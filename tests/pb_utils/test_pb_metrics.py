@@ -47,7 +47,7 @@ class FakeServer:
 
 
 @pytest.fixture
-def server() -> Iterator[tuple[FakeServer, link.WorkerLink]]:
+def server(worker_runtime: object) -> Iterator[tuple[FakeServer, link.WorkerLink]]:
     ours, theirs = socket.socketpair()
     worker = link.WorkerLink(BlockingChannel(ours, codec.to_worker))
     fake = FakeServer(BlockingChannel(theirs, codec.to_server))
@@ -202,7 +202,9 @@ def test_a_call_from_another_thread_gets_its_answer(
     assert values == [7.0]
 
 
-def test_metrics_outside_a_worker_say_so() -> None:
+@pytest.mark.parametrize("installed", ["worker_runtime", "no_worker"])
+def test_metrics_outside_a_worker_say_so(installed: str, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue(installed)
     assert link.current() is None
     with pytest.raises(pb_utils.TritonModelException, match="only available in a model run"):
         pb_utils.MetricFamily("t_nowhere", "n", pb_utils.MetricFamily.COUNTER)

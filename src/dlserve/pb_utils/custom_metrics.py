@@ -25,7 +25,7 @@ from typing import ClassVar, Final
 from dlserve.ipc import messages as m
 from dlserve.pb_utils import arguments
 from dlserve.pb_utils.exceptions import TritonModelException
-from dlserve.worker.link import link
+from dlserve.pb_utils.runtime import current as _runtime
 
 _METRIC_NAME: Final = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -51,15 +51,6 @@ _TRITON_KIND: Final = {
     MetricKind.GAUGE: "TRITONSERVER_METRIC_KIND_GAUGE",
     MetricKind.HISTOGRAM: "TRITONSERVER_METRIC_KIND_HISTOGRAM",
 }
-
-
-def _link(what: str) -> link.WorkerLink:
-    worker = link.current()
-    if worker is None:
-        raise TritonModelException(
-            f"{what}: custom metrics are only available in a model run by a dlserve worker"
-        )
-    return worker
 
 
 def _labels(labels: object) -> dict[str, str]:
@@ -139,8 +130,10 @@ class MetricFamily:
             ) from None
         self._name = name
         self._description = description
-        worker = _link("Error when creating MetricFamily")
-        worker.send(m.MetricFamilyDef(name, description, _KIND_NAMES[self._kind]))
+        _runtime().send_metric(
+            "Error when creating MetricFamily",
+            m.MetricFamilyDef(name, description, _KIND_NAMES[self._kind]),
+        )
 
     @property
     def name(self) -> str:
@@ -165,8 +158,8 @@ class Metric:
         self._send("Error when creating Metric", "create", 0.0, buckets)
 
     def _send(self, what: str, op: str, value: float, buckets: Sequence[float] = ()) -> None:
-        worker = _link(what)
-        worker.send(m.MetricOp(self._family.name, self._labels, op, value, list(buckets)))
+        message = m.MetricOp(self._family.name, self._labels, op, value, list(buckets))
+        _runtime().send_metric(what, message)
 
     def _refuse(self, what: str, operation: str, *kinds: MetricKind) -> None:
         kind = self._family.kind
@@ -197,9 +190,4 @@ class Metric:
     def value(self) -> float:
         what = "Failed to get metric value"
         self._refuse(what, "Value", MetricKind.HISTOGRAM)
-        worker = _link(what)
-        call = m.MetricValueCall(worker.next_call_id(), self._family.name, self._labels)
-        try:
-            return worker.call(call).value
-        except TritonModelException as exc:
-            raise TritonModelException(f"{what}: {exc}") from None
+        return _runtime().metric_value(what, self._family.name, self._labels)

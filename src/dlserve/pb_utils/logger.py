@@ -22,7 +22,7 @@ from typing import ClassVar, Final
 
 from dlserve.ipc.log_environment import FORMAT_ENV, LEVELS_ENV, VERBOSE_ENV
 from dlserve.pb_utils import arguments
-from dlserve.worker.link import link
+from dlserve.pb_utils.runtime import current as _runtime
 
 _HERE: Final = os.path.dirname(os.path.abspath(__file__))
 _write_lock: Final = threading.Lock()
@@ -131,9 +131,7 @@ def _write(message: str, level: LogLevel) -> None:
     if not enabled(level):
         return
     filename, lineno = _caller()
-    worker = link.current()
-    model = worker.model_name if worker is not None else ""
-    line = format_line(message, level, filename, lineno, model)
+    line = format_line(message, level, filename, lineno, _runtime().model_name())
     with _write_lock:
         sys.stderr.write(line)
         sys.stderr.flush()

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from dlserve.pb_utils import arguments
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException
+from dlserve.pb_utils.runtime import current as _runtime
 from dlserve.pb_utils.tensor import Tensor
 
 ParamValue = bool | int | float | str
@@ -316,25 +317,11 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` (BLS): its response, or with ``decoupled``
         an iterator over the responses of a decoupled model (the empty final one last)."""
-        return _bls().execute(self, decoupled)
+        return _runtime().execute(self, decoupled)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """As :meth:`exec`, awaitable (``asyncio.gather`` runs several at once)."""
-        return await _bls().async_execute(self, decoupled)
-
-
-_bls_module: Any = None
-
-
-def _bls() -> Any:
-    """``backend.bls``, imported at the first BLS call (it imports this module); kept
-    here so that a call does not go through the import machinery each time."""
-    global _bls_module
-    if _bls_module is None:
-        from dlserve.worker.bls import calls as bls
-
-        _bls_module = bls
-    return _bls_module
+        return await _runtime().async_execute(self, decoupled)
 
 
 class InferenceResponseSender:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from dlserve.pb_utils import arguments
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException
 from dlserve.pb_utils.request import InferenceRequest, InferenceResponse
+from dlserve.pb_utils.runtime import current as _runtime
 from dlserve.pb_utils.tensor import Tensor
 from dlserve.tensors import dtypes
 
@@ -205,15 +206,13 @@ def load_model(
     """Load (or reload) ``model_name``, optionally with ``config`` (JSON) and the model's
     ``files`` (``"file:<path>"`` -> bytes, which then need ``config``), as Triton's model
     control API does; the server must run with ``--model-control-mode explicit``."""
-    from dlserve.worker.bls import calls as bls
-
     try:
         name = arguments.text(model_name, "model_name")
         text = arguments.text(config, "config")
     except arguments.NotText:
         given = {"model_name": model_name, "config": config, "files": files}
         raise arguments.incompatible("load_model", _LOAD_SIGNATURE, given) from None
-    bls.control("load", name, config=text, files=_model_files(name, files))
+    _runtime().load_model(name, text, _model_files(name, files))
 
 
 def _model_files(model_name: str, files: object) -> dict[str, bytes]:
@@ -243,27 +242,23 @@ def _model_files(model_name: str, files: object) -> dict[str, bytes]:
 
 
 def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> None:
-    from dlserve.worker.bls import calls as bls
-
     try:
         name = arguments.text(model_name, "model_name")
         dependents = arguments.flag(unload_dependents)
     except arguments.NotText:
         given = {"model_name": model_name, "unload_dependents": unload_dependents}
         raise arguments.incompatible("unload_model", _UNLOAD_SIGNATURE, given) from None
-    bls.control("unload", name, unload_dependents=dependents)
+    _runtime().unload_model(name, dependents)
 
 
 def is_model_ready(model_name: str | bytes, model_version: str | bytes = "") -> bool:
-    from dlserve.worker.bls import calls as bls
-
     try:
         name = arguments.text(model_name, "model_name")
         version = arguments.text(model_version, "model_version")
     except arguments.NotText:
         given = {"model_name": model_name, "model_version": model_version}
         raise arguments.incompatible("is_model_ready", _READY_SIGNATURE, given) from None
-    return bls.control("ready", name, model_version=version)
+    return _runtime().is_model_ready(name, version)
 
 
 _LOAD_SIGNATURE: Final = "(model_name: str, config: str = '', files: object = None) -> None"

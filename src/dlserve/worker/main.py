@@ -21,11 +21,13 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel, ChannelClosed
 from dlserve.ipc.log_environment import log_settings_env
+from dlserve.pb_utils import runtime
 from dlserve.tensors import heap
 from dlserve.tensors.arena import ShmSegment
 from dlserve.worker.bls.direct_requests import serve_direct
 from dlserve.worker.link import link
 from dlserve.worker.link.link import WorkerLink
+from dlserve.worker.pb_utils_runtime import WORKER_RUNTIME
 from dlserve.worker.runner import LoadError, ModelRunner
 
 Channel = BlockingChannel[m.ServerToWorker]
@@ -51,8 +53,10 @@ def _default_signals() -> None:
 
 
 def install_pb_utils() -> None:
-    """Make ``import triton_python_backend_utils`` find dlserve's implementation."""
+    """Make ``import triton_python_backend_utils`` find dlserve's implementation, and give
+    it this worker's runtime (what it asks of the server goes over the link)."""
     sys.modules["triton_python_backend_utils"] = backend
+    runtime.install(WORKER_RUNTIME)
 
 
 def load(

@@ -19,6 +19,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import ChannelClosed
 from dlserve.pb_utils.exceptions import TritonModelException
 from dlserve.pb_utils.request import InferenceRequest, InferenceResponse, InferenceTrace
+from dlserve.pb_utils.runtime import outside_execute
 from dlserve.pb_utils.tensor import Tensor
 from dlserve.worker.bls.direct_exec import Started, start_direct
 from dlserve.worker.bls.tensors import encode_inputs, response
@@ -37,7 +38,7 @@ def _worker(what: str) -> link.WorkerLink:
     if worker is None:
         if link.forked():
             raise TritonModelException(_FORKED.format(what=what))
-        raise TritonModelException(f"{what} is only available inside a model's execute()")
+        raise outside_execute(what)
     return worker
 
 
