@@ -61,7 +61,7 @@ def decoupled_execute(
             stream.sender = pb_utils.InferenceResponseSender(request, stream.emit)
             stream.request = request
             request._sender = stream.sender
-            worker.open_window(item.rid)
+            worker.flow.open_window(item.rid)
             request._poll = worker.poll
             runner._live[item.rid] = request
             streams.append(stream)
@@ -191,7 +191,7 @@ class _Stream:
         control); once the request is cancelled it is dropped, as Triton drops responses
         nobody reads. The final flag always goes, at once."""
         final = flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if not final and not self.worker.hold_send(self.msg.rid, self._cancelled):
+        if not final and not self.worker.flow.hold_send(self.msg.rid, self._cancelled):
             return
         if final:  # the request's borrowed GPU inputs go back to their owner with it
             try:
@@ -213,7 +213,7 @@ class _Stream:
                 except BaseException as exc:
                     frame.error, frame.error_code = self.runner.describe_error(exc)
         if not final:
-            self.worker.sent_bytes(self.msg.rid, m.stream_bytes(frame.outputs))
+            self.worker.flow.sent_bytes(self.msg.rid, m.stream_bytes(frame.outputs))
         self._send(frame, buffers)
 
     def fail(self, exc: BaseException) -> None:
@@ -228,5 +228,5 @@ class _Stream:
             now = time.monotonic_ns()
             self.runner._live.pop(self.msg.rid, None)
             frame.timings = m.Timings(self.start, self.infer_start, self.infer_end or now, now)
-            self.worker.close_window(self.msg.rid)
+            self.worker.flow.close_window(self.msg.rid)
         self.worker.send(frame, buffers)

@@ -37,9 +37,9 @@ def never() -> bool:
 
 
 def fill(worker: link.WorkerLink, rid: int) -> None:
-    worker.open_window(rid)
+    worker.flow.open_window(rid)
     for _ in range(m.WINDOW_RESPONSES):
-        assert worker.hold_send(rid, never)  # room: no wait
+        assert worker.flow.hold_send(rid, never)  # room: no wait
 
 
 def held(
@@ -47,7 +47,7 @@ def held(
 ) -> tuple[threading.Thread, list[bool]]:
     """A thread that sends one more response of ``rid``; its outcome lands in the list."""
     outcome: list[bool] = []
-    thread = threading.Thread(target=lambda: outcome.append(worker.hold_send(rid, cancelled)))
+    thread = threading.Thread(target=lambda: outcome.append(worker.flow.hold_send(rid, cancelled)))
     thread.start()
     return thread, outcome
 
@@ -61,7 +61,7 @@ def test_a_full_window_holds_the_send_until_credit_comes(pair: Pair) -> None:
     thread.join(DEADLINE_S)
     assert outcome == [True]
     for _ in range(m.WINDOW_RESPONSES // 2 - 1):  # the rest of the credit: no wait
-        assert worker.hold_send(1, never)
+        assert worker.flow.hold_send(1, never)
 
 
 def test_credit_read_by_the_serve_loop_wakes_the_sender(pair: Pair) -> None:
@@ -80,9 +80,9 @@ def test_credit_read_by_the_serve_loop_wakes_the_sender(pair: Pair) -> None:
 
 def test_bytes_fill_the_window_too(pair: Pair) -> None:
     worker, server, _ = pair
-    worker.open_window(2)
-    assert worker.hold_send(2, never)
-    worker.sent_bytes(2, m.WINDOW_BYTES)  # one response of the whole byte budget
+    worker.flow.open_window(2)
+    assert worker.flow.hold_send(2, never)
+    worker.flow.sent_bytes(2, m.WINDOW_BYTES)  # one response of the whole byte budget
     thread, outcome = held(worker, 2)
     assert not outcome
     server.send(m.Credit(2, 1, m.WINDOW_BYTES))
@@ -99,7 +99,7 @@ def test_cancel_releases_a_held_send_and_it_is_given_up(pair: Pair) -> None:
     server.send(m.Cancel(3))
     thread.join(DEADLINE_S)
     assert outcome == [False]
-    assert not worker.hold_send(3, lambda: 3 in cancelled)  # later sends: given up at once
+    assert not worker.flow.hold_send(3, lambda: 3 in cancelled)  # later sends: given up at once
 
 
 def test_shutdown_releases_a_held_send(pair: Pair) -> None:
@@ -126,17 +126,17 @@ def test_a_send_held_when_the_final_flag_goes_is_given_up(pair: Pair) -> None:
     worker, _, _ = pair
     fill(worker, 6)
     thread, outcome = held(worker, 6)
-    worker.close_window(6)
+    worker.flow.close_window(6)
     thread.join(DEADLINE_S)
     assert outcome == [False]
-    assert not worker.hold_send(6, never)  # nothing follows the final flag
+    assert not worker.flow.hold_send(6, never)  # nothing follows the final flag
 
 
 def test_several_threads_share_one_window(pair: Pair) -> None:
     """Four threads send 4 windows' worth of one request's responses: never more than the
     window ahead of the credit given, and all of them go once the credit comes."""
     worker, server, _ = pair
-    worker.open_window(7)
+    worker.flow.open_window(7)
     done: list[int] = []
     lock = threading.Condition()
 
@@ -145,7 +145,7 @@ def test_several_threads_share_one_window(pair: Pair) -> None:
 
     def send_some() -> None:
         for _ in range(per_thread):
-            assert worker.hold_send(7, never)
+            assert worker.flow.hold_send(7, never)
             with lock:
                 done.append(1)
                 lock.notify_all()

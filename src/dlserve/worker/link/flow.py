@@ -1,45 +1,47 @@
-"""Flow control of a decoupled request's responses, in the worker (mixed into WorkerLink):
-a model's ``send()`` waits while the consumer has not taken enough of the earlier ones.
-docs/architecture.md ("A stream's responses are flow-controlled end to end") has the
-whole path."""
+"""Flow control of a decoupled request's responses, in the worker: a model's ``send()``
+waits while the consumer has not taken enough of the earlier ones. The worker's link owns
+one (``WorkerLink.flow``) and routes the server's Credit to it; a held send reads the
+link's frames meanwhile, as a BLS wait does. docs/architecture.md ("A stream's responses
+are flow-controlled end to end") has the whole path."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from dlserve.ipc import messages as m
-
-if TYPE_CHECKING:
-    from dlserve.worker.link.link import Frame
 
 HOLD_RECHECK_S: Final = 0.2  # a held send that reads looks at its window this often at least
 
 
+class FrameReader(Protocol):
+    """What flow control needs of the link that owns it: its reader role."""
+
+    closed: bool  # the server has gone away
+
+    def claim_reader(self, timeout: float | None) -> bool:
+        """(The link's lock held.) Take the reader role if it is free, else wait for a
+        notification (False)."""
+        ...
+
+    def read_and_route(self, timeout: float | None) -> None:
+        """(The role held, the lock not.) Read one frame, give the role up, route it."""
+        ...
+
+    def notify(self) -> None:
+        """(The link's lock held.) Wake the threads waiting on it."""
+        ...
+
+
 class FlowControl:
-    """Mixed into WorkerLink, which provides these."""
+    """The windows of one worker's decoupled requests, guarded by its link's lock."""
 
-    _lock: threading.Lock
-    _windows: dict[int, Window]
-    _reading: bool
-    _closed: bool
-    stopping: bool
-
-    def _notify(self) -> None:
-        raise NotImplementedError
-
-    def _wait(self, timeout: float | None) -> None:
-        raise NotImplementedError
-
-    def _read(self, timeout: float | None) -> Frame | None:
-        raise NotImplementedError
-
-    def _stop_reading(self) -> None:
-        raise NotImplementedError
-
-    def _dispatch(self, frame: Frame) -> None:
-        raise NotImplementedError
+    def __init__(self, reader: FrameReader, lock: threading.Lock) -> None:
+        self._reader = reader
+        self._lock = lock  # the link's: Credit is routed with it held
+        self._windows: dict[int, Window] = {}  # by rid: responses not yet taken
+        self.stopping = False  # Shutdown has come: a send held back is given up
 
     # -- flow control: a decoupled request's responses not yet taken ----------------------
     def open_window(self, rid: int) -> None:
@@ -52,13 +54,13 @@ class FlowControl:
         a send still held (another thread's) is given up."""
         with self._lock:
             self._windows.pop(rid, None)
-            self._notify()
+            self._reader.notify()
 
     def hold_send(self, rid: int, cancelled: Callable[[], bool]) -> bool:
         """Wait until request ``rid`` may send one more response (its consumer has taken
         enough of the earlier ones) and count it; whichever thread waits reads frames
-        meanwhile, as :meth:`wait_answer` does. False when the send is to be given up:
-        ``cancelled()`` turned true (the consumer left), the request has ended (its final
+        meanwhile, as ``WorkerLink.wait_answer`` does. False when the send is to be given
+        up: ``cancelled()`` turned true (the consumer left), the request has ended (its final
         flag went out from another thread), the worker is stopping, or the server has gone
         away."""
         while True:
@@ -67,21 +69,15 @@ class FlowControl:
                     window = self._windows.get(rid)
                     if window is None:
                         return False  # the final flag has gone: nothing follows it
-                    if cancelled() or self.stopping or self._closed:
+                    if cancelled() or self.stopping or self._reader.closed:
                         return False
                     if window.has_room():
                         window.responses += 1
                         return True
-                    if not self._reading:
-                        self._reading = True
+                    if self._reader.claim_reader(None):
                         break
-                    self._wait(None)
             # a timeout: the final flag sent by another thread is no frame to wake us
-            frame = self._read(HOLD_RECHECK_S)
-            with self._lock:
-                self._stop_reading()
-                if frame is not None:
-                    self._dispatch(frame)
+            self._reader.read_and_route(HOLD_RECHECK_S)
 
     def sent_bytes(self, rid: int, nbytes: int) -> None:
         """The response just counted by :meth:`hold_send` carries ``nbytes``."""
@@ -89,6 +85,18 @@ class FlowControl:
             window = self._windows.get(rid)
             if window is not None:
                 window.nbytes += nbytes
+
+    def credit(self, frame: tuple[m.Credit, memoryview]) -> None:
+        """The consumer took responses (the link routes Credit here, its lock held)."""
+        msg = frame[0]
+        window = self._windows.get(msg.rid)
+        if window is not None:
+            window.responses -= msg.responses
+            window.nbytes -= msg.nbytes
+
+    def stop(self) -> None:
+        """Shutdown has come (the link's lock held): sends held back are given up."""
+        self.stopping = True
 
 
 class Window:

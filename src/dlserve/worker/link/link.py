@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from dlserve.ipc import codec
 from dlserve.ipc import messages as m
@@ -40,7 +40,7 @@ from dlserve.worker.bls import cuda_peers
 from dlserve.worker.bls.direct_callee import Served, ServedCalls, receive_fds
 from dlserve.worker.bls.direct_caller import DirectCalls
 from dlserve.worker.link import frames
-from dlserve.worker.link.flow import FlowControl, Window
+from dlserve.worker.link.flow import FlowControl
 
 if TYPE_CHECKING:
     from dlserve.worker.bls.tensors import BlsMemory
@@ -50,7 +50,7 @@ Answer = m.MetricValueReply | m.BlsReply | m.ControlReply | m.DirectTargets
 CALL_TIMEOUT_S: Final = 30.0
 
 
-class WorkerLink(FlowControl):
+class WorkerLink:
     """One worker's channel: sends from any thread, reads by whoever holds the reader role."""
 
     def __init__(
@@ -69,7 +69,7 @@ class WorkerLink(FlowControl):
         self._reading = False  # a thread holds the reader role
         self._waiters = 0  # threads waiting on the condition (none: no notify needed)
         self._call_ids = itertools.count(1)
-        self._closed = False
+        self.closed = False  # the server has gone away
         self.on_cancel: Callable[[int], None] | None = None  # the runner marks the request
         # output-arena space (and lent GPU outputs) back
         self.on_release: Callable[[list[int], list[int]], None] | None = None
@@ -81,9 +81,8 @@ class WorkerLink(FlowControl):
         # between the end of initialize and the start of finalize: BLS calls may be made
         self.serving = False
         self.memory: BlsMemory | None = None  # BLS: tensors that travel by reference
-        # flow control: decoupled requests' responses not yet taken by the consumer, by rid
-        self._windows: dict[int, Window] = {}
-        self.stopping = False  # Shutdown has come: a send held back is given up
+        self.flow = FlowControl(self, self._lock)  # decoupled requests' responses
+        self._routes = self._route_table()
 
     @property
     def upstream(self) -> list[str]:
@@ -110,7 +109,7 @@ class WorkerLink(FlowControl):
                     self._send_frames(_with_records([(message, payload)], records))
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
-                self._closed = True
+                self.closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
         self.direct.flush()
 
@@ -123,7 +122,7 @@ class WorkerLink(FlowControl):
                 self._send_frames(_with_records(frames, records) if records else frames)
                 self._send_pending()
             except (BrokenPipeError, ConnectionResetError) as exc:
-                self._closed = True
+                self.closed = True
                 raise ChannelClosed(f"connection closed: {exc}") from None
         self.direct.flush()
 
@@ -200,7 +199,7 @@ class WorkerLink(FlowControl):
                 while True:
                     if self._queued:
                         return self._queued.popleft(), None
-                    if self._closed:
+                    if self.closed:
                         raise ChannelClosed("connection closed")
                     if not self._reading:
                         self._reading = True
@@ -256,13 +255,11 @@ class WorkerLink(FlowControl):
             self._stop_reading()
             if frame is None:
                 return False
-            msg = frame[0]
-            if isinstance(msg, _ROUTED):  # answers, Cancel, Credit, direct BLS: here
-                self._dispatch(frame)
+            route = self._routes.get(type(frame[0]))
+            if route is not None:  # answers, Cancel, Release, Shutdown ...: routed here
+                route(frame)
+                self.notify()
                 return False
-            if isinstance(msg, m.Shutdown):  # a send held back gives up (flow control)
-                self.stopping = True
-                self._notify()
             if not self._queued:  # the usual case: hand it over directly
                 return True
             self._queued.append(frame)
@@ -293,7 +290,7 @@ class WorkerLink(FlowControl):
                     answers = self._answers.get(call)
                     if answers:
                         return answers.popleft()
-                    if self._closed:
+                    if self.closed:
                         raise ChannelClosed("connection closed")
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
@@ -315,7 +312,7 @@ class WorkerLink(FlowControl):
             if buffered_only and not self._channel.buffered():
                 return  # the usual case, told without the lock (a reader may be at work)
             with self._lock:
-                if self._reading or self._closed:
+                if self._reading or self.closed:
                     return
                 if buffered_only and not self._channel.buffered():
                     return
@@ -350,7 +347,7 @@ class WorkerLink(FlowControl):
     # -- reading ------------------------------------------------------------------------
     def _read(self, timeout: float | None) -> Frame | None:
         """One frame, or None when none came within ``timeout`` or the connection is gone
-        (``_closed`` says which). The caller holds the reader role and gives it up after
+        (``closed`` says which). The caller holds the reader role and gives it up after
         (:meth:`_stop_reading`, with the lock held)."""
         try:
             if timeout is not None and not self._channel.buffered():
@@ -361,7 +358,7 @@ class WorkerLink(FlowControl):
         except codec.UnreadableFrame as bad:
             return self._unreadable(bad)
         except (ChannelClosed, OSError, ValueError):
-            self._closed = True  # seen by the others once the role is given up
+            self.closed = True  # seen by the others once the role is given up
             return None
         except BaseException:  # the caller will not get to give the role up
             with self._lock:
@@ -383,23 +380,13 @@ class WorkerLink(FlowControl):
         try:
             self.send(reply)
         except ChannelClosed:
-            self._closed = True
+            self.closed = True
         return None
-
-    def _direct_frame(self, msg: m.DirectTargets | m.DirectAccept | m.DirectStale) -> None:
-        """Direct BLS bookkeeping; descriptors that came beside a frame are picked up now,
-        in the order the frames came (the condition's lock is held)."""
-        if isinstance(msg, m.DirectStale):
-            self.direct.stale(msg.model_name)
-        elif isinstance(msg, m.DirectAccept):
-            self.served.accept(msg, receive_fds(self._fd_socket, 1))
-        elif msg.target:
-            self.direct.took_fds(msg, receive_fds(self._fd_socket, len(msg.instances)))
 
     def _stop_reading(self) -> None:
         """Give up the reader role (the condition's lock is held)."""
         self._reading = False
-        self._notify()
+        self.notify()
 
     def _wait(self, timeout: float | None) -> None:
         """Wait for a notification (the condition's lock is held)."""
@@ -409,50 +396,106 @@ class WorkerLink(FlowControl):
         finally:
             self._waiters -= 1
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         """Wake the threads waiting on the condition, if any (the lock is held)."""
         if self._waiters:
             self._cond.notify_all()
 
+    # -- the reader role, for flow control (FlowControl.hold_send) ------------------------
+    def claim_reader(self, timeout: float | None) -> bool:
+        """Take the reader role if no thread holds it (True), else wait for a notification
+        (the condition's lock is held)."""
+        if not self._reading:
+            self._reading = True
+            return True
+        self._wait(timeout)
+        return False
+
+    def read_and_route(self, timeout: float | None) -> None:
+        """Read one frame within ``timeout``, give the reader role up and route the frame
+        (the role is held, the lock is not)."""
+        frame = self._read(timeout)
+        with self._lock:
+            self._stop_reading()
+            if frame is not None:
+                self._dispatch(frame)
+
+    # -- routing ------------------------------------------------------------------------
     def _dispatch(self, frame: Frame) -> None:
-        """Route one frame (the condition's lock is held)."""
-        msg = frame[0]
-        if isinstance(msg, _DIRECT):
-            self._direct_frame(msg)
-            if not isinstance(msg, m.DirectTargets):  # an answer: routed as the others
-                self._notify()
-                return
-        if _is_answer(msg):
-            answers = self._answers.get(msg.call)  # type: ignore[union-attr]
-            if answers is not None:
-                answers.append(frame)  # type: ignore[arg-type]
-            elif isinstance(msg, m.BlsReply):  # nobody listens: its outputs go back
-                for ref in msg.outputs:
-                    if ref.where == m.Where.PEER_ARENA:
-                        self.release_peer(ref.region, ref.offset)
-                    elif ref.where == m.Where.CUDA_IPC and ref.lend:
-                        self.release_peer(ref.region, -ref.lend)
-            elif isinstance(msg, m.DirectTargets):  # nobody waits: its sockets are closed
-                self.direct.drop_fds(msg.call)
-        elif isinstance(msg, m.Credit):
-            window = self._windows.get(msg.rid)
-            if window is not None:
-                window.responses -= msg.responses
-                window.nbytes -= msg.nbytes
-        elif isinstance(msg, m.Cancel) and self.on_cancel is not None:
-            self.on_cancel(msg.rid)
-        elif isinstance(msg, m.Release) and self.on_release is not None:
-            self.on_release(msg.offsets, msg.gpu)  # thread-safe: the serve loop may be busy
-        elif not isinstance(msg, m.Cancel):
-            if isinstance(msg, m.Shutdown):
-                self.stopping = True
+        """Route one frame (the condition's lock is held): by its type, else to the serve
+        loop."""
+        route = self._routes.get(type(frame[0]))
+        if route is None:
             self._queued.append(frame)
-        self._notify()
+        else:
+            route(frame)
+        self.notify()
 
+    def _route_table(self) -> dict[type, Callable[[Any], None]]:
+        """The frames whoever reads handles at once (the condition's lock is held), by
+        type; each handler takes the frame of its type. Any other is the serve loop's."""
+        answer = self._answer
+        return {
+            m.BlsReply: self._bls_reply,
+            m.MetricValueReply: answer,
+            m.ControlReply: answer,
+            m.Cancel: self._cancel,
+            m.Release: self._release,
+            m.Credit: self.flow.credit,
+            m.Shutdown: self._shutdown,
+            m.DirectTargets: self._direct_targets,
+            m.DirectAccept: self._direct_accept,
+            m.DirectStale: self._direct_stale,
+        }
 
-_ANSWERS: Final = (m.MetricValueReply, m.BlsReply, m.ControlReply, m.DirectTargets)  # no union
-_DIRECT: Final = (m.DirectTargets, m.DirectAccept, m.DirectStale)
-_ROUTED: Final = (*_ANSWERS, m.Cancel, m.Credit, *_DIRECT)  # what the serve loop's reader routes
+    def _answer(self, frame: tuple[Answer, memoryview]) -> None:
+        """To the call that waits for it; dropped when none does any more."""
+        answers = self._answers.get(frame[0].call)
+        if answers is not None:
+            answers.append(frame)
+
+    def _bls_reply(self, frame: tuple[m.BlsReply, memoryview]) -> None:
+        answers = self._answers.get(frame[0].call)
+        if answers is not None:
+            answers.append(frame)
+            return
+        for ref in frame[0].outputs:  # nobody listens: its outputs go back
+            if ref.where == m.Where.PEER_ARENA:
+                self.release_peer(ref.region, ref.offset)
+            elif ref.where == m.Where.CUDA_IPC and ref.lend:
+                self.release_peer(ref.region, -ref.lend)
+
+    def _cancel(self, frame: tuple[m.Cancel, memoryview]) -> None:
+        if self.on_cancel is not None:  # before Load there is nothing to cancel
+            self.on_cancel(frame[0].rid)
+
+    def _release(self, frame: tuple[m.Release, memoryview]) -> None:
+        if self.on_release is not None:  # thread-safe: the serve loop may be busy
+            self.on_release(frame[0].offsets, frame[0].gpu)
+        else:
+            self._queued.append(frame)
+
+    def _shutdown(self, frame: tuple[m.Shutdown, memoryview]) -> None:
+        self.flow.stop()  # a send held back gives up
+        self._queued.append(frame)
+
+    # direct BLS bookkeeping: descriptors that came beside a frame are picked up as it is
+    # routed, so in the order the frames came
+    def _direct_targets(self, frame: tuple[m.DirectTargets, memoryview]) -> None:
+        msg = frame[0]
+        if msg.target:
+            self.direct.took_fds(msg, receive_fds(self._fd_socket, len(msg.instances)))
+        answers = self._answers.get(msg.call)
+        if answers is not None:
+            answers.append(frame)
+        else:  # nobody waits: its sockets are closed
+            self.direct.drop_fds(msg.call)
+
+    def _direct_accept(self, frame: tuple[m.DirectAccept, memoryview]) -> None:
+        self.served.accept(frame[0], receive_fds(self._fd_socket, 1))
+
+    def _direct_stale(self, frame: tuple[m.DirectStale, memoryview]) -> None:
+        self.direct.stale(frame[0].model_name)
 
 
 def _with_records(
@@ -465,10 +508,6 @@ def _with_records(
             message.direct = records
             return frames
     return [(m.DirectStats(records), ()), *frames]
-
-
-def _is_answer(msg: m.ServerToWorker) -> bool:
-    return isinstance(msg, _ANSWERS)
 
 
 _local = threading.local()
