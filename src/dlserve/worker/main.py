@@ -24,7 +24,7 @@ from dlserve.ipc.log_environment import log_settings_env
 from dlserve.pb_utils import runtime
 from dlserve.tensors import heap
 from dlserve.tensors.arena import ShmSegment
-from dlserve.worker.bls.direct_requests import serve_direct
+from dlserve.worker.bls.direct_callee import serve_direct
 from dlserve.worker.link import link
 from dlserve.worker.link.link import WorkerLink
 from dlserve.worker.pb_utils_runtime import WORKER_RUNTIME

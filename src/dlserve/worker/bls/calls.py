@@ -1,10 +1,10 @@
 """Business Logic Scripting: a model's requests to other models, and model control.
 
 A call to a plain model goes straight to one of its instances where it can
-(``bls_direct.py``). Otherwise ``InferenceRequest.exec()`` sends one typed BlsCall
+(``direct_caller.py``). Otherwise ``InferenceRequest.exec()`` sends one typed BlsCall
 frame to the server, which runs it as an ordinary request of the callee (validation,
 instance choice, statistics) and answers with BlsReply frames. Either way the tensors
-travel by reference where the callee can map them (``bls_tensors.py``).
+travel by reference where the callee can map them (``tensors.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dlserve.pb_utils.exceptions import TritonModelException
 from dlserve.pb_utils.request import InferenceRequest, InferenceResponse, InferenceTrace
 from dlserve.pb_utils.runtime import outside_execute
 from dlserve.pb_utils.tensor import Tensor
-from dlserve.worker.bls.direct_exec import Started, start_direct
+from dlserve.worker.bls.direct_caller import Started, start_direct
 from dlserve.worker.bls.tensors import encode_inputs, response
 from dlserve.worker.link import link
 
@@ -42,11 +42,14 @@ def _worker(what: str) -> link.WorkerLink:
     return worker
 
 
-def _serving(what: str) -> None:
-    """BLS calls are made once ``initialize`` has returned and until ``finalize`` starts
-    (from ``execute`` or from threads the model started), as in Triton."""
-    if not _worker(what).serving:
+def _serving(what: str) -> link.WorkerLink:
+    """The calling thread's link. BLS calls are made once ``initialize`` has returned and
+    until ``finalize`` starts (from ``execute`` or from threads the model started), as in
+    Triton."""
+    worker = _worker(what)
+    if not worker.serving:
         raise TritonModelException(_OUTSIDE_EXECUTE)
+    return worker
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -71,10 +74,9 @@ def _call_message(request: InferenceRequest, call: int, decoupled: bool) -> m.Bl
     )
 
 
-def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, int]:
+def _send(worker: link.WorkerLink, request: InferenceRequest, decoupled: bool) -> int:
     if not request.model_name():
         raise TritonModelException("BLS request needs a model_name")
-    worker = _worker("InferenceRequest.exec()")
     refs, payload = encode_inputs(request.inputs(), worker.memory)
     call = worker.next_call_id()
     msg = _call_message(request, call, decoupled)
@@ -89,7 +91,7 @@ def _send(request: InferenceRequest, decoupled: bool) -> tuple[link.WorkerLink, 
     except BaseException:  # the frame could not be sent (frames.sendable says why)
         worker.close_call(call)
         raise
-    return worker, call
+    return call
 
 
 def _next_reply(worker: link.WorkerLink, call: int) -> tuple[m.BlsReply, memoryview]:
@@ -169,14 +171,14 @@ class ResponseIterator:
 
 
 def execute(request: InferenceRequest, decoupled: bool) -> InferenceResponse | ResponseIterator:
-    _serving("InferenceRequest.exec()")
+    worker = _serving("InferenceRequest.exec()")
     if not decoupled:
-        started = start_direct(request)
+        started = start_direct(worker, request)
         if started is not None:
             answer = started.finish() if isinstance(started, Started) else started
             if answer is not None:
                 return answer
-    worker, call = _send(request, decoupled)
+    call = _send(worker, request, decoupled)
     if decoupled:
         return ResponseIterator(worker, call, request.inputs())
     try:
@@ -190,15 +192,15 @@ async def async_execute(
     request: InferenceRequest, decoupled: bool
 ) -> InferenceResponse | ResponseIterator:
     """As :func:`execute`; the wait runs in a thread so the model's loop goes on."""
-    _serving("InferenceRequest.async_exec()")
+    worker = _serving("InferenceRequest.async_exec()")
     if not decoupled:
-        started = start_direct(request)
+        started = start_direct(worker, request)
         if started is not None:
             answer = (await asyncio.to_thread(started.finish)
                       if isinstance(started, Started) else started)  # fmt: skip
             if answer is not None:
                 return answer
-    worker, call = _send(request, decoupled)
+    call = _send(worker, request, decoupled)
     if decoupled:  # the first response is awaited here, as Triton's async_exec does: a
         # model that iterates then does not hold its event loop while the callee works
         try:

@@ -5,7 +5,7 @@ BLS is written against :class:`CudaIpc`, the four calls it needs, implemented on
 ``tensors/cuda_ipc.py``; the ``gpu`` tests in ``tests/e2e/test_bls_gpu.py`` run it on a
 GPU. CUDA will not export IPC-opened memory again, so a tensor received by handle is
 passed on by the same handle (``find``), and one in a client's CUDA region by that
-region's handle (``bls_tensors._gpu_ref``).
+region's handle (``tensors._gpu_ref``).
 
 A sender exports the allocation that holds a pointer (``cuMemGetAddressRange`` gives
 its base, ``cuIpcGetMemHandle`` its handle) and sends (handle, offset). A receiver

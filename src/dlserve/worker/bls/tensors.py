@@ -1,6 +1,6 @@
 """The tensors of a BLS call: inputs by reference where the callee can map them (else
 copied once), outputs as views of the callee's memory, lent until they are collected.
-Calls through the server (``bls.py``) and straight to the callee (``bls_direct.py``)
+Calls through the server (``calls.py``) and straight to the callee (``direct_caller.py``)
 share them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -20,7 +20,9 @@ from dlserve.pb_utils.request import InferenceResponse
 from dlserve.pb_utils.tensor import Tensor
 from dlserve.tensors import dtypes
 from dlserve.worker.bls import cuda_peers
-from dlserve.worker.link import link
+
+if TYPE_CHECKING:
+    from dlserve.worker.link import link
 
 # Gives a lent output back: (the lender's output arena id, offset there or -lend id).
 GiveBack = Callable[[int, int], None]

@@ -4,15 +4,17 @@ A worker serves one blocking channel. The serve loop reads a frame, runs the mod
 writes the reply; model code may meanwhile need answers from the server (a BLS call's
 responses, ``Metric.value()``, ``is_model_ready``), from the thread that runs
 ``execute`` or from threads the model started. Whichever thread needs a frame takes
-the *reader* role (one at a time), reads one frame and dispatches it: an answer goes
-to the call that waits for it (by call id), a Cancel marks its request at once, and
-any other frame (Infer, Release, Shutdown ...) is queued for the serve loop. So an
-answer is read whether ``execute`` blocks in ``exec()``, awaits ``async_exec()``, or
-has returned while a thread of the model waits.
+the *reader* role (one at a time), reads one frame and routes it by its type (one
+table): an answer goes to the call that waits for it (by call id), a Cancel marks its
+request and a Release frees output-arena space at once, a Credit goes to the flow
+control of decoupled responses (``flow.py``), and any other frame (Infer, Shutdown ...)
+to the serve loop. So an answer is read whether ``execute`` blocks in ``exec()``, awaits
+``async_exec()``, or has returned while a thread of the model waits.
 
-Other workers may call this instance directly (BLS without the server: ``direct.py``,
-``direct_serving.py``): the serve loop then waits on their connections too, and runs
-their requests in turn with the server's.
+Other workers may call this instance directly (BLS without the server:
+``worker/bls/direct_callee.py``): the serve loop then waits on their connections too, and
+runs their requests in turn with the server's. Calls this worker makes directly keep
+their connections in ``worker/bls/direct_caller.py``.
 
 Links are per thread (the server can run several in-process workers as threads of
 one process, each with its own channel). A worker process also makes its link the

@@ -1,10 +1,11 @@
 """BLS calls from one worker straight to another: what the server does for them.
 
 A BLS call through the server costs two extra messages, a scheduler pass and the server's
-Python both ways (about 300 us a hop on an H200; docs/architecture.md). A caller may
-instead call a plain callee's instances itself: it asks once per model (``DirectOpen``),
-and the server answers with the callee's tensors and instances and hands each instance
-one end of a new socketpair and the caller the other (descriptors beside the frames).
+Python both ways (docs/benchmarks.md has what that costs). A caller may instead call a
+plain callee's instances itself (``worker/bls/direct_caller.py``; the callee's side is
+``worker/bls/direct_callee.py``): it asks once per model (``DirectOpen``), and the server
+answers with the callee's tensors and instances and hands each instance one end of a new
+socketpair and the caller the other (descriptors beside the frames).
 From then on the server only hears of those calls afterwards, for the callee's
 statistics (records in the caller's next ``InferDone``, or a ``DirectStats`` frame
 ahead of another reply), and when the callee maps a client's region for one
