@@ -1,9 +1,12 @@
-"""The server's handle on one worker: start it, send it requests, notice its death.
+"""The server's handle on one worker: start it, send it requests, read its replies,
+notice its death.
 
-:class:`WorkerBase` is what the core talks to; ``kinds.py`` holds the two ways to run the
-worker (its own process, or a thread of the server). Both speak the same frames. A
-worker's own calls (metrics, BLS) come in on the same connection; the memory workers lend
-each other for BLS is in ``lending.py``.
+:class:`WorkerBase` is what the core talks to. It owns its collaborators: a launcher
+(``process.py`` or ``thread.py``: how the other side runs), a :class:`ReplyReader`
+(``replies.py``: a reply read where it arrives), its :class:`ArenaLending` (``lending.py``:
+the memory workers lend each other for BLS) and its :class:`DecoupledStreams`
+(``streams.py``). A worker's own calls (metrics, BLS, model control) come in on the same
+connection; each kind of frame has its handler in one table.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import asyncio
 import itertools
 import os
 import socket
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from dlserve import errors
 from dlserve.ipc import codec
@@ -22,7 +26,8 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.ipc.log_environment import log_settings_env
 from dlserve.server.core.instances import polling, unreadable
-from dlserve.server.core.instances.lending import ARENA_OWNERS, ArenaLending
+from dlserve.server.core.instances.lending import ArenaLending
+from dlserve.server.core.instances.pending import Pending, ReplyCallback
 from dlserve.server.core.instances.placement import (
     NO_SPANS,
     Placed,
@@ -31,8 +36,8 @@ from dlserve.server.core.instances.placement import (
     place_inputs,
     replace_inputs,
 )
-from dlserve.server.core.instances.replies import Outcome, ReplyReading, WorkerReply
-from dlserve.server.core.instances.streams import DecoupledStreams, StreamSink
+from dlserve.server.core.instances.replies import Outcome, ReplyReader, WorkerReply
+from dlserve.server.core.instances.streams import DecoupledStreams
 from dlserve.tensors.arena import Arena, ShmSegment
 from dlserve.types import InputTensor
 
@@ -60,18 +65,7 @@ class WorkItem:
     flags: int = 0  # SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace (0: not traced): request.trace() names it
     timeout_us: int = 0  # the request's timeout (0: none): request.timeout() returns it
-
-
-ReplyCallback = Callable[[Outcome], None]
-
-
-@dataclass(slots=True)
-class _Pending:
-    callback: ReplyCallback
-    arena_offsets: list[int]
-    stream: StreamSink | None = None  # decoupled: where its responses go
-    refs: list[m.TensorRef] | None = None  # where its inputs were placed (rescheduling)
-    notices: bool = False  # the callback also hears a ``deferred`` notice
+    keep: bool = False  # outputs in the output arena are viewed in place (an ensemble step's)
 
 
 class CallSink(Protocol):
@@ -87,9 +81,40 @@ class CallSink(Protocol):
         """A worker's frame about direct BLS calls (``server/core/calls/direct_broker.py``)."""
 
 
+class Launcher(Protocol):
+    """How the other side of a handle runs: a process of its own or a thread."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def start(
+        self, label: str, channel: socket.socket, descriptors: socket.socket,
+        arenas: tuple[ShmSegment, ShmSegment], env: dict[str, str] | None,
+    ) -> None:  # fmt: skip
+        """Start the worker on the other ends of its channel and descriptor socket (it
+        owns them from now on) with its (input, output) arenas."""
+
+    def ending(self) -> str:
+        """How the worker ended ("exited with code 1"); "" when not known."""
+
+    async def reaped(self, timeout: float) -> None:
+        """Wait (briefly) for the other side to be gone for good."""
+
+    async def terminate(self, timeout: float) -> None:
+        """Wait for the other side to end after Shutdown; force it past ``timeout``."""
+
+
 MetricMessage = m.MetricFamilyDef | m.MetricOp | m.MetricValueCall
+MetricSink = Callable[[MetricMessage], m._Msg | None]
 DirectMessage = m.DirectOpen | m.DirectStats | m.DirectMapped
-_DIRECT: Final = (m.DirectOpen, m.DirectStats, m.DirectMapped)
+FrameHandler = Callable[[Any, memoryview], None]  # one kind of m.WorkerToServer
+
+
+def _ignore(msg: m.WorkerToServer, payload: memoryview) -> None:
+    """A frame that is no business of the server's."""
+
+
+_HANDLES: Final[weakref.WeakSet[WorkerBase]] = weakref.WeakSet()  # every handle not stopped
 
 
 def apply_log_settings(settings: m.LogSettings) -> None:
@@ -100,51 +125,93 @@ def apply_log_settings(settings: m.LogSettings) -> None:
             settings.verbose, settings.info, settings.warning, settings.error, settings.iso8601
         )
     )
-    told: set[int] = set()
-    for worker in list(ARENA_OWNERS.values()):
-        if isinstance(worker, WorkerBase) and id(worker) not in told:
-            told.add(id(worker))
-            worker.tell(settings)
+    for worker in list(_HANDLES):
+        worker.tell(settings)
 
 
-MetricSink = Callable[[MetricMessage], m._Msg | None]
+class WorkerBase:
+    """One worker, as the core sees it; ``launcher`` runs the other side."""
 
-
-class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
-    """Shared logic of both worker kinds; subclasses only start and stop the other side."""
-
-    def __init__(self, label: str) -> None:
+    def __init__(
+        self, label: str, launcher: Launcher, *, on_metric: MetricSink | None = None,
+        calls: CallSink | None = None,
+    ) -> None:  # fmt: skip
         self.label = label
         self.model_name = ""  # the model it runs, once loaded
+        self._launcher = launcher
+        self._on_metric = on_metric
+        self._calls = calls
         base_name = f"dlserve_{os.getpid()}_{next(_worker_ids)}"
         # memfds, handed to the worker at spawn; no name exists to be left behind
         self.input_segment = ShmSegment.anonymous(f"{base_name}_in", INPUT_ARENA_SIZE)
         self.output_segment = ShmSegment.anonymous(f"{base_name}_out", OUTPUT_ARENA_SIZE)
         self.input_arena = Arena(self.input_segment)
-        self._start_lending(self.input_segment, self.output_segment)
         self._channel: AsyncChannel[m.WorkerToServer] | None = None
+        self.alive = False  # connected: it can take requests
         self._fd_socket: socket.socket | None = None  # descriptors to the worker (direct BLS)
-        self._pending: dict[int, _Pending] = {}
-        self._kept: dict[int, _Pending] = {}  # rescheduled, between two executes (inputs)
+        self._pending: dict[int, Pending] = {}
+        self._kept: dict[int, Pending] = {}  # rescheduled, between two executes (inputs)
         self._rids = itertools.count(1)
         self._control: asyncio.Future[m.WorkerToServer] | None = None
-        self._release: list[int] = []
+        self._release: list[int] = []  # output-arena offsets to give back
         self._release_scheduled = False
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.on_metric: MetricSink | None = None
-        self.calls: CallSink | None = None
+        self._compose()
+        _HANDLES.add(self)
 
-    async def spawn(self, env: dict[str, str] | None = None) -> None:
-        raise NotImplementedError
+    def _compose(self) -> None:
+        """The collaborators, what the core asks of them (bound here: no call of the
+        handle's own on the way), and the table of frame handlers."""
+        self._lending = ArenaLending(
+            self.input_segment, self.output_segment, self._schedule_release, self.tell
+        )
+        self._reader = ReplyReader(self, self.output_segment, self._lending, self._schedule_release)
+        self._streams = DecoupledStreams(self._pending, self.input_arena, self._reader, self.tell)
+        self.discard = self._reader.discard  # a reply nobody will use
+        self.attach_stream = self._streams.attach
+        self.took = self._streams.took
+        self.arena_ids = self._lending.arena_ids
+        self.arena_paths = self._lending.arena_paths
+        self.arena_span = self._lending.arena_span
+        self.borrow = self._lending.borrow
+        self.release_staged = self._lending.release_staged
+        self._handlers = self._frame_handlers()
+
+    def _frame_handlers(self) -> dict[type, FrameHandler]:
+        """The handler of each frame a worker sends the server (``m.WorkerToServer``)."""
+        on_metric, on_direct, on_answer = self._on_metric_message, self._on_direct, self._on_answer
+        return {
+            m.InferDone: self._on_infer_done,
+            m.StreamResponse: self._streams.on_response,
+            m.PeerRelease: self._lending.on_peer_release,
+            m.MetricFamilyDef: on_metric, m.MetricOp: on_metric, m.MetricValueCall: on_metric,
+            m.BlsCall: self._on_bls, m.ControlCall: self._on_control, m.BlsCredit: self._on_credit,
+            m.DirectOpen: on_direct, m.DirectStats: on_direct, m.DirectMapped: on_direct,
+            m.Loaded: on_answer, m.LoadFailed: on_answer, m.Closed: on_answer,
+            m.DirectBye: _ignore,  # travels between workers only (direct BLS connections)
+        }  # fmt: skip
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process (None: a thread of this one)."""
+        return self._launcher.pid
 
     # -- connection ---------------------------------------------------------------------
-    def _descriptor_socket(self) -> socket.socket:
-        """A socketpair for handing the worker descriptors (one message each, with its
-        descriptors: SOCK_SEQPACKET keeps them apart); returns the worker's end."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setblocking(False)
-        self._fd_socket = ours
-        return theirs
+    async def spawn(self, env: dict[str, str] | None = None) -> None:
+        """Start the worker and connect to it. A socketpair carries frames; another hands
+        it descriptors, one message each with its descriptors (SOCK_SEQPACKET keeps them
+        apart)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds_ours, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds_ours.setblocking(False)
+        self._fd_socket = fds_ours
+        arenas = (self.input_segment, self.output_segment)
+        try:
+            await self._launcher.start(self.label, theirs, fds_theirs, arenas, env)
+        except BaseException:
+            ours.close()
+            raise
+        await self._connect(ours)
 
     def send_with_fds(self, msg: m.ServerToWorker, fds: list[int]) -> bool:
         """Send ``msg`` with descriptors beside it (the worker picks them up when it reads
@@ -165,22 +232,30 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                                  self._on_unreadable), sock=sock,
         )  # fmt: skip
         self._channel = protocol
+        self.alive = True
+
+    def _on_frame(self, msg: m.WorkerToServer, payload: memoryview) -> None:
+        self._handlers[type(msg)](msg, payload)
 
     def _on_unreadable(self, bad: codec.UnreadableFrame) -> None:
         """A frame that cannot be read fails what it belongs to (``unreadable.py``); the
         connection goes on. An answer to Load that cannot be read fails the load."""
         if bad.kind in (m.Loaded, m.LoadFailed):
-            failed = m.LoadFailed(unreadable.describe(self, bad))
-            if self._control is not None and not self._control.done():
-                self._control.set_result(failed)
+            self._on_answer(m.LoadFailed(unreadable.describe(self, bad)), bad.payload)
             return
-        unreadable.handle(self, bad)
+        stand_in = unreadable.stand_in(self, bad, self._reader.discard_refs)
+        if stand_in is not None:
+            self._on_frame(stand_in, bad.payload)
 
-    def _on_frame(self, msg: m.WorkerToServer, payload: memoryview) -> None:
-        if isinstance(msg, m.InferDone):
-            if msg.deferred:  # execute returned; the response (and the inputs' end) later
-                self._on_deferred(msg, payload)
-                return
+    # -- frames -------------------------------------------------------------------------
+    def _on_infer_done(self, msg: m.InferDone, payload: memoryview) -> None:
+        """A request's reply, read here: its callback gets the finished outcome. Or the
+        notice that its execute returned without it (``deferred``: the model sends it later)."""
+        if msg.deferred:
+            pending = self._pending.get(msg.rid)
+            if pending is not None and pending.notices:
+                pending.callback(WorkerReply([], msg.timings, deferred=True))
+        else:
             pending = self._pending.pop(msg.rid, None)
             if pending is not None:
                 if msg.rescheduled:  # its inputs stay where they are for its next execute
@@ -188,37 +263,37 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                 else:
                     for offset in pending.arena_offsets:
                         self.input_arena.free(offset)
-                pending.callback((msg, payload))
-            if msg.direct and self.calls is not None:
-                self.calls.on_direct(self, m.DirectStats(msg.direct))
-        elif isinstance(msg, m.StreamResponse):
-            self._on_stream_response(msg, payload)
-        elif isinstance(msg, m.MetricFamilyDef | m.MetricOp | m.MetricValueCall):
-            self._on_metric_message(msg)
-        elif isinstance(msg, m.BlsCall):
-            if self.calls is not None:
-                self.calls.on_bls(self, msg, payload)
-        elif isinstance(msg, m.ControlCall):
-            if self.calls is not None:
-                self.calls.on_control(self, msg)
-        elif isinstance(msg, m.BlsCredit):
-            if self.calls is not None:
-                self.calls.on_bls_credit(self, msg)
-        elif isinstance(msg, _DIRECT):
-            if self.calls is not None:
-                self.calls.on_direct(self, msg)
-        elif isinstance(msg, m.PeerRelease):
-            for arena, offset in zip(msg.arenas, msg.offsets, strict=True):
-                self.give_back(arena, offset)
-        elif self._control is not None and not self._control.done():
-            self._control.set_result(msg)
+                pending.callback(self._reader.read(msg, payload, pending.keep, pending.lend))
+        if msg.direct and self._calls is not None:
+            self._calls.on_direct(self, m.DirectStats(msg.direct))
 
-    def _on_deferred(self, msg: m.InferDone, payload: memoryview) -> None:
-        pending = self._pending.get(msg.rid)
-        if pending is not None and pending.notices:
-            pending.callback((msg, payload))
-        if msg.direct and self.calls is not None:
-            self.calls.on_direct(self, m.DirectStats(msg.direct))
+    def _on_metric_message(self, msg: MetricMessage, payload: memoryview) -> None:
+        if self._on_metric is None:
+            return
+        reply = self._on_metric(msg)
+        if reply is not None and self._channel is not None:
+            self._channel.send(reply)
+
+    def _on_bls(self, msg: m.BlsCall, payload: memoryview) -> None:
+        if self._calls is not None:
+            self._calls.on_bls(self, msg, payload)
+
+    def _on_control(self, msg: m.ControlCall, payload: memoryview) -> None:
+        if self._calls is not None:
+            self._calls.on_control(self, msg)
+
+    def _on_credit(self, msg: m.BlsCredit, payload: memoryview) -> None:
+        if self._calls is not None:
+            self._calls.on_bls_credit(self, msg)
+
+    def _on_direct(self, msg: DirectMessage, payload: memoryview) -> None:
+        if self._calls is not None:
+            self._calls.on_direct(self, msg)
+
+    def _on_answer(self, msg: m.WorkerToServer, payload: memoryview) -> None:
+        """The answer to the control call in flight (Load, Shutdown)."""
+        if self._control is not None and not self._control.done():
+            self._control.set_result(msg)
 
     def send_answer(
         self,
@@ -229,36 +304,38 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         if self._channel is not None:
             self._channel.send(msg, payload)
 
-    def _on_metric_message(self, msg: MetricMessage) -> None:
-        if self.on_metric is None:
-            return
-        reply = self.on_metric(msg)
-        if reply is not None and self._channel is not None:
-            self._channel.send(reply)
+    def tell(self, message: m.ServerToWorker) -> None:
+        """Send a notice that wants no answer (the worker may be between requests or not)."""
+        if self._channel is not None:
+            self._channel.send(message)
 
+    def unmap_regions(self, regions: list[int]) -> None:
+        """These client regions are gone: the worker drops its mappings of them."""
+        self.tell(m.UnmapRegions(regions))
+
+    # -- death --------------------------------------------------------------------------
     def _on_lost(self, exc: Exception | None) -> None:
         self._channel = None
+        self.alive = False
         asyncio.get_running_loop().create_task(self._fail_everything())
 
     async def _fail_everything(self) -> None:
         """Fail what was in flight, with the exit status once the process is reaped."""
-        await self._reaped(REAP_TIMEOUT_S)
+        await self._launcher.reaped(REAP_TIMEOUT_S)
         reason = self.death_reason()
         failure = errors.WorkerDiedError(reason)
-        pending, self._pending = self._pending, {}
-        for one in pending.values():
+        pending = list(self._pending.values())
+        self._pending.clear()  # the table its streams share: cleared, not replaced
+        for one in pending:
             one.callback(failure)
         if self._control is not None and not self._control.done():
             self._control.set_exception(failure)
-        self._give_back_all()  # what it mapped of other workers' outputs
+        self._lending.give_back_all()  # what it mapped of other workers' outputs
         if not self.closed.done():
             self.closed.set_result(reason)
 
     def death_reason(self) -> str:
-        return errors.not_healthy(self.label)
-
-    async def _reaped(self, timeout: float) -> None:
-        """Wait (briefly) for the other side to be gone for good."""
+        return errors.not_healthy(self.label, self._launcher.ending())
 
     # -- load ---------------------------------------------------------------------------
     async def load(self, msg: m.Load, timeout: float) -> m.Loaded:
@@ -287,10 +364,6 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             self._control = None
 
     # -- inference ----------------------------------------------------------------------
-    @property
-    def alive(self) -> bool:
-        return self._channel is not None
-
     async def infer(
         self,
         request_id: str,
@@ -300,7 +373,8 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         input_spans: Mapping[str, Span] = NO_SPANS,
         output_spans: Mapping[str, Span] = NO_SPANS,
     ) -> WorkerReply:
-        """Run one request now (see :class:`WorkItem`), whatever else is in flight."""
+        """Run one request now (see :class:`WorkItem`), whatever else is in flight; raises
+        the model's error."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
 
         def resolve(outcome: Outcome) -> None:
@@ -321,26 +395,28 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             raise
         if isinstance(outcome, errors.DlserveError):
             raise outcome
-        return self.read_reply(*outcome)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome
 
     def submit(
         self, items: Sequence[WorkItem], callbacks: Sequence[ReplyCallback],
         rids: Sequence[int | None] = (), *, notices: bool = False,
     ) -> list[int]:  # fmt: skip
-        """Send ``items`` for one ``execute`` call; each callback gets its item's outcome
-        (called from the event loop, once). Returns their rids. Raises WorkerDiedError when
-        the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a new
-        one): it keeps its inputs where they were placed (and a decoupled one its stream)
-        until it is done, or :meth:`forget` is called. ``notices``: a callback is also
-        called, before the outcome, with a ``deferred`` InferDone when the execute returned
-        without the request's response (its model sends it later)."""
+        """Send ``items`` for one ``execute`` call; each callback gets its item's outcome,
+        read (called from the event loop, once). Returns their rids. Raises WorkerDiedError
+        when the worker is gone. ``rids``: a rescheduled request's rid, per item (None: a
+        new one): it keeps its inputs where they were placed (and a decoupled one its
+        stream) until it is done, or :meth:`forget` is called. ``notices``: a callback is
+        also called, before the outcome, with a ``deferred`` reply when the execute
+        returned without the request's response (its model sends it later)."""
         channel = self._channel
         if channel is None:
             raise errors.WorkerDiedError(self.death_reason())
         payload: list[memoryview] = []
         inline = 0
         placed: list[Placed] = []
-        pendings: list[_Pending] = []
+        pendings: list[Pending] = []
         reused: list[int] = []  # rids taken out of _kept
         try:
             for item, callback in zip(items, callbacks, strict=True):
@@ -348,7 +424,8 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                 earlier = None if rid is None else self._earlier(rid)
                 if earlier is not None and earlier.refs is not None:  # placed already
                     refs, inline = replace_inputs(earlier.refs, item.inputs, payload, inline)
-                    pending = _Pending(callback, earlier.arena_offsets, earlier.stream, refs)
+                    pending = Pending(callback, earlier.arena_offsets, item.keep, item.lend,
+                                      earlier.stream, refs)  # fmt: skip
                     offsets: list[int] = []
                     if earlier.stream is None and rid is not None:
                         reused.append(rid)
@@ -356,7 +433,7 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                     refs, inline, offsets = place_inputs(
                         self.input_arena, item.inputs, item.input_spans, payload, inline
                     )
-                    pending = _Pending(callback, offsets, refs=refs, notices=notices)
+                    pending = Pending(callback, offsets, item.keep, item.lend, None, refs, notices)
                 placed.append((next(self._rids) if rid is None else rid, item, refs, offsets))
                 pendings.append(pending)
         except BaseException:
@@ -370,15 +447,14 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
         for (rid, _, _, _), pending in zip(placed, pendings, strict=True):
             self._pending[rid] = pending
             sent.append(rid)
-        if polling.active():
-            polling.spinner.hold(self._pending)
+        polling.spinner.hold(self._pending)
         release = self._release
         if release:
             self._release = []
         channel.send(infer_message(placed, release), payload)
         return sent
 
-    def _earlier(self, rid: int) -> _Pending | None:
+    def _earlier(self, rid: int) -> Pending | None:
         """A rescheduled request's placement: kept since its InferDone, or (decoupled) its
         pending entry, which lives until its final response."""
         return self._kept.pop(rid, None) or self._pending.get(rid)
@@ -390,15 +466,31 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
             for offset in pending.arena_offsets:
                 self.input_arena.free(offset)
 
-    def tell(self, message: m.ServerToWorker) -> None:
-        """Send a notice that wants no answer (the worker may be between requests or not)."""
-        if self._channel is not None:
-            self._channel.send(message)
+    def cancel(self, rid: int) -> None:
+        """The client of request ``rid`` has gone: the model sees ``is_cancelled()``, and
+        a request that has not started is not run."""
+        if self._channel is not None and rid in self._pending:
+            self._channel.send(m.Cancel(rid))
 
-    def unmap_regions(self, regions: list[int]) -> None:
-        """These client regions are gone: the worker drops its mappings of them."""
-        if self._channel is not None:
-            self._channel.send(m.UnmapRegions(regions))
+    # -- output-arena space going back ----------------------------------------------------
+    def release_outputs(self, offsets: list[int]) -> None:
+        """Outputs a reply held in place (``WorkerReply.held``) are read: the worker may
+        reuse their space."""
+        for offset in offsets:
+            self._schedule_release(offset)
+
+    def _schedule_release(self, offset: int) -> None:
+        """Output-arena space goes back with the next Infer, or in a Release of its own."""
+        self._release.append(offset)
+        if not self._release_scheduled:
+            self._release_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_release)
+
+    def _flush_release(self) -> None:
+        self._release_scheduled = False
+        if self._release and self._channel is not None:
+            self._channel.send(m.Release(self._release))
+            self._release = []
 
     # -- stop ---------------------------------------------------------------------------
     async def stop(self, timeout: float) -> None:
@@ -408,16 +500,16 @@ class WorkerBase(ReplyReading, ArenaLending, DecoupledStreams):
                 await self._control_call(m.Shutdown(), timeout, "finalize")
             except errors.DlserveError:
                 pass
-        await self._terminate(timeout)
-        self._cleanup_shm()
+        await self._launcher.terminate(timeout)
+        self.release_resources()
 
-    async def _terminate(self, timeout: float) -> None:
-        raise NotImplementedError
-
-    def _cleanup_shm(self) -> None:
+    def release_resources(self) -> None:
+        """The worker is gone (or never started): its descriptor socket, its arenas and
+        what it lent or borrowed go."""
+        _HANDLES.discard(self)
         if self._fd_socket is not None:
             self._fd_socket.close()
             self._fd_socket = None
-        self._stop_lending()
+        self._lending.stop()
         self.input_segment.close()
         self.output_segment.close()

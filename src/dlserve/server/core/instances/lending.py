@@ -4,7 +4,8 @@ Each worker's two arenas are memfds the server keeps open, so another worker can
 them through /proc (the path travels in a PEER_ARENA ref). A BLS callee's output that
 stays in its output arena is *lent* to the caller, who gives it back when its arrays are
 gone (PeerRelease) or when it dies; GPU outputs are lent the same way by CUDA IPC handle
-(counted as (owner's output arena, -lend id)).
+(counted as (owner's output arena, -lend id)). Each worker handle owns one
+:class:`ArenaLending`; ``ARENA_OWNERS`` finds it by arena id.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from dlserve.ipc import messages as m
-from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.arena import ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, OutputTensor
 
 _arena_ids = itertools.count(1)
-# Every live worker, by its arenas' ids: BLS tensors are passed between them by reference.
+# Every live worker's lending, by its arenas' ids: BLS tensors are passed between them.
 ARENA_OWNERS: Final[weakref.WeakValueDictionary[int, ArenaLending]] = weakref.WeakValueDictionary()
+
+Send = Callable[[m.ServerToWorker], None]
 
 
 def _proc_path(segment: ShmSegment) -> str:
@@ -31,39 +33,28 @@ def _proc_path(segment: ShmSegment) -> str:
 
 
 class ArenaLending:
-    """The lending side of a worker handle (mixed into ``WorkerBase``)."""
+    """One worker's side of lending: its arenas as others map them, the outputs it lent
+    coming back (arena space through ``release_output``, the handle's batched release;
+    GPU memory in a Release frame through ``send``), and what it borrowed of other
+    workers' outputs as a BLS caller, which goes back when it says so or dies."""
 
-    _channel: AsyncChannel[m.WorkerToServer] | None
-
-    def _schedule_release(self, offset: int) -> None:
-        raise NotImplementedError
-
-    def _start_lending(self, input_segment: ShmSegment, output_segment: ShmSegment) -> None:
+    def __init__(
+        self, input_segment: ShmSegment, output_segment: ShmSegment,
+        release_output: Callable[[int], None], send: Send,
+    ) -> None:  # fmt: skip
         # The memfds stay open: other workers map these arenas through /proc (BLS).
         self.arena_ids = (next(_arena_ids), next(_arena_ids))  # (input, output)
-        self._arena_paths = (_proc_path(input_segment), _proc_path(output_segment))
+        self.arena_paths = (_proc_path(input_segment), _proc_path(output_segment))
         self._borrowed: set[tuple[int, int]] = set()  # (arena id, offset) lent to this caller
+        self._release_output = release_output
+        self._send = send
         for arena_id in self.arena_ids:
             ARENA_OWNERS[arena_id] = self
-
-    def _stop_lending(self) -> None:
-        """This worker is gone: what it borrowed goes back, others drop its arenas."""
-        self._give_back_all()
-        for arena_id in self.arena_ids:
-            ARENA_OWNERS.pop(arena_id, None)
-        for other in list(ARENA_OWNERS.values()):
-            if other is not self and other._channel is not None:
-                other._channel.send(m.DropArenas(list(self.arena_ids)))
-
-    @property
-    def arena_paths(self) -> tuple[str, str]:
-        """Paths that reopen this worker's (input, output) arenas, for other workers."""
-        return self._arena_paths
 
     def arena_span(self, where: m.Where, offset: int, nbytes: int) -> ArenaSpan:
         """Bytes in this worker's input or output arena, for another worker to map."""
         index = 0 if where == m.Where.INPUT_ARENA else 1
-        return ArenaSpan(self.arena_ids[index], self._arena_paths[index], offset, nbytes)
+        return ArenaSpan(self.arena_ids[index], self.arena_paths[index], offset, nbytes)
 
     def borrow(self, span: ArenaSpan | CudaSpan) -> None:
         """This worker (a BLS caller) now maps ``span``, another worker's output: the space
@@ -78,9 +69,14 @@ class ArenaLending:
         """An output kept in this worker's output arena for a BLS caller that never mapped it
         (or is done with it); a negative offset is a lent GPU output's lend id."""
         if offset >= 0:
-            self._schedule_release(offset)
-        elif self._channel is not None:
-            self._channel.send(m.Release([], gpu=[-offset]))
+            self._release_output(offset)
+        else:
+            self._send(m.Release([], gpu=[-offset]))
+
+    def on_peer_release(self, msg: m.PeerRelease, payload: memoryview) -> None:
+        """The worker is done with outputs it borrowed (a frame of its own)."""
+        for arena, offset in zip(msg.arenas, msg.offsets, strict=True):
+            self.give_back(arena, offset)
 
     def give_back(self, arena: int, offset: int) -> None:
         if (arena, offset) not in self._borrowed:
@@ -90,14 +86,23 @@ class ArenaLending:
         if owner is not None and arena == owner.arena_ids[1]:
             owner.release_lent(offset)
 
-    def _give_back_all(self) -> None:
+    def give_back_all(self) -> None:
+        """The worker died: whatever it borrowed goes back."""
         for arena, offset in list(self._borrowed):
             self.give_back(arena, offset)
 
     def release_staged(self, offsets: list[int]) -> None:
         """A callee is done with inputs this worker staged in its output arena for it."""
-        if offsets and self._channel is not None:
-            self._channel.send(m.Release(offsets))
+        if offsets:
+            self._send(m.Release(offsets))
+
+    def stop(self) -> None:
+        """This worker is gone: what it borrowed goes back, the others drop its arenas."""
+        self.give_back_all()
+        for arena_id in self.arena_ids:
+            ARENA_OWNERS.pop(arena_id, None)
+        for other in dict.fromkeys(ARENA_OWNERS.values()):  # each once (two arenas each)
+            other._send(m.DropArenas(list(self.arena_ids)))
 
 
 def return_lent(outputs: Iterable[OutputTensor]) -> None:

@@ -36,11 +36,6 @@ def busy_poll_us() -> int:
     return _busy_poll_us
 
 
-def active() -> bool:
-    """Whether the server's loop polls for replies at all."""
-    return bool(_busy_poll_us or _reply_poll_s)
-
-
 class _Spinner:
     """While workers have requests in flight, keep the event loop polling (a callback
     that reschedules itself makes the loop poll its selector without sleeping), so a
@@ -56,6 +51,10 @@ class _Spinner:
         self._until = 0.0  # time.monotonic() after which the loop may sleep again
 
     def hold(self, pending: Sized) -> None:
+        """Poll while ``pending`` (a worker's requests in flight) is not empty; nothing
+        when the loop does not poll for replies at all."""
+        if not (_busy_poll_us or _reply_poll_s):
+            return
         # time.monotonic, not loop.time(): uvloop's clock moves in milliseconds
         self._until = math.inf if _busy_poll_us else time.monotonic() + _reply_poll_s
         if pending not in self._waiting:

@@ -13,8 +13,9 @@ import msgspec
 from dlserve import errors
 from dlserve.ipc import messages as m
 from dlserve.server.core.instances.environments import ExecEnv
-from dlserve.server.core.instances.handle import CallSink, MetricSink, WorkerBase
-from dlserve.server.core.instances.kinds import InProcessWorker, SubprocessWorker
+from dlserve.server.core.instances.handle import CallSink, Launcher, MetricSink, WorkerBase
+from dlserve.server.core.instances.process import ProcessLauncher
+from dlserve.server.core.instances.thread import ThreadLauncher
 
 log = logging.getLogger("dlserve.workers")
 
@@ -38,13 +39,12 @@ async def spawn_worker(
             f"'{label}': a model with its own Python environment (EXECUTION_ENV_PATH) needs a "
             "worker process; in-process workers (--debug) run in the server's Python"
         )
-    worker: WorkerBase = InProcessWorker(label) if in_process else SubprocessWorker(label, exec_env)
-    worker.on_metric = on_metric
-    worker.calls = calls
+    launcher: Launcher = ThreadLauncher() if in_process else ProcessLauncher(exec_env)
+    worker = WorkerBase(label, launcher, on_metric=on_metric, calls=calls)
     try:
         await worker.spawn()
     except BaseException:
-        worker._cleanup_shm()
+        worker.release_resources()
         raise
     return worker
 

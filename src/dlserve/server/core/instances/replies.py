@@ -1,17 +1,20 @@
-"""What a worker's reply holds, as the core reads it (mixed into ``WorkerBase``): outputs
-inline in the frame, in the worker's output arena (copied out, viewed in place, or lent
-to a BLS caller) or lent GPU memory; and the output-arena space given back afterwards."""
+"""A worker's reply read where it arrives: an InferDone frame becomes the core's
+:class:`WorkerReply` once, in the handle, and the scheduler gets that finished outcome.
+
+Outputs are inline in the frame (viewed), in the worker's output arena (copied out and
+the space given back, viewed in place, or lent to a BLS caller), or GPU memory lent by
+CUDA IPC handle; a reply nobody will read gives that memory back.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.ipc.channel import AsyncChannel
+from dlserve.server.core.instances.lending import ArenaLending, return_lent
 from dlserve.tensors.arena import ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, OutputTensor
 
@@ -19,42 +22,50 @@ if TYPE_CHECKING:
     from dlserve.server.core.instances.handle import WorkerBase
 
 _PAYLOAD: Final = m.Where.PAYLOAD
-
-# What becomes of one request sent to a worker: its reply frame, or the worker's death.
-Outcome = tuple[m.InferDone, memoryview] | errors.DlserveError
+_OUTPUT_ARENA: Final = m.Where.OUTPUT_ARENA
+_CUDA_IPC: Final = m.Where.CUDA_IPC
 
 
 @dataclass(slots=True)
 class WorkerReply:
+    """What a worker answered for one request: its outputs, or the model's error."""
+
     outputs: list[OutputTensor]
     timings: m.Timings | None
     parameters: dict[str, m.ParamValue] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)  # output-arena offsets still viewed
     worker: WorkerBase | None = None  # whose output arena ``held`` is in
+    error: errors.DlserveError | None = None  # the model's error (no outputs then)
+    deferred: bool = False  # a notice: execute returned, the response comes later
+    rescheduled: bool = False  # the model runs the request again (iterative sequences)
 
 
-class ReplyReading:
-    """Mixed into WorkerBase, which provides these."""
+# What becomes of one request sent to a worker: its reply, read, or the worker's death.
+Outcome = WorkerReply | errors.DlserveError
 
-    _channel: AsyncChannel[m.WorkerToServer] | None
-    _release: list[int]
-    _release_scheduled: bool
-    output_segment: ShmSegment
-    arena_ids: tuple[int, int]
 
-    # ArenaLending's (annotations only: a method here would hide the real one)
-    arena_span: Callable[[m.Where, int, int], ArenaSpan]
-    release_lent: Callable[[int], None]
+class ReplyReader:
+    """Reads one worker's replies. Output-arena space goes back through ``release`` (the
+    handle batches it into its next frame); lent outputs are made and taken back by
+    ``lending``; ``owner`` is the handle a reply that holds output-arena space names."""
 
-    def read_reply(
-        self, done: m.InferDone, payload: memoryview, *, keep: bool = False, lend: bool = False
-    ) -> WorkerReply:
-        """The reply's outputs; raises the model's error. Outputs in the output arena are
-        copied out, or with ``keep`` viewed in place and listed in ``held`` (give them
-        back with :meth:`release_outputs` once nothing reads them), or with ``lend`` left
-        for a BLS caller to map (``OutputTensor.lent``; it gives them back)."""
+    def __init__(
+        self, owner: WorkerBase, output_segment: ShmSegment, lending: ArenaLending,
+        release: Callable[[int], None],
+    ) -> None:  # fmt: skip
+        self._owner = owner
+        self._output_segment = output_segment
+        self._lending = lending
+        self._release = release
+
+    def read(self, done: m.InferDone, payload: memoryview, keep: bool, lend: bool) -> WorkerReply:
+        """The reply ``done`` carries. Outputs in the output arena are copied out, or with
+        ``keep`` viewed in place and listed in ``held`` (the handle's ``release_outputs``
+        gives them back once nothing reads them), or with ``lend`` left for a BLS caller
+        to map (``OutputTensor.lent``; it gives them back)."""
         if done.error_code:
-            raise errors.error_from_worker(done.error, done.error_code)
+            error = errors.error_from_worker(done.error, done.error_code)
+            return WorkerReply([], done.timings, error=error, rescheduled=done.rescheduled)
         outputs = []
         held: list[int] = []
         data: bytes | memoryview | None
@@ -65,50 +76,41 @@ class ReplyReading:
                 outputs.append(OutputTensor(ref.name, ref.datatype, tuple(ref.shape), data))
                 continue
             lent: ArenaSpan | CudaSpan | None = None
-            if where == m.Where.OUTPUT_ARENA and lend:
-                data, lent = None, self.arena_span(m.Where.OUTPUT_ARENA, ref.offset, ref.nbytes)
-            elif where == m.Where.CUDA_IPC:  # a GPU output lent to a BLS caller
+            if where == _OUTPUT_ARENA and lend:
+                data, lent = None, self._lending.arena_span(_OUTPUT_ARENA, ref.offset, ref.nbytes)
+            elif where == _CUDA_IPC:  # a GPU output lent to a BLS caller
                 data = None
                 lent = CudaSpan(ref.handle, ref.device, ref.offset, ref.nbytes, ref.lend,
-                                self.arena_ids[1])  # fmt: skip
-            elif where == m.Where.OUTPUT_ARENA:
-                view = self.output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
+                                self._lending.arena_ids[1])  # fmt: skip
+            elif where == _OUTPUT_ARENA:
+                view = self._output_segment.buffer[ref.offset : ref.offset + ref.nbytes]
                 if keep:
                     data = view
                     held.append(ref.offset)
                 else:
                     data = bytes(view)
-                    self._schedule_release(ref.offset)
+                    self._release(ref.offset)
             else:
                 data = None
             shape = tuple(ref.shape)
             outputs.append(OutputTensor(ref.name, ref.datatype, shape, data, lent=lent))
-        owner = cast("WorkerBase", self) if held else None
-        return WorkerReply(outputs, done.timings, done.parameters, held, owner)
+        owner = self._owner if held else None
+        return WorkerReply(outputs, done.timings, done.parameters, held, owner, None, False,
+                           done.rescheduled)  # fmt: skip
 
     def discard(self, outcome: Outcome) -> None:
-        """A reply nobody will read: its output-arena space (and lent GPU outputs) go back
-        to the worker."""
-        if isinstance(outcome, tuple):
-            outputs = outcome[0].outputs
-            self.release_outputs([r.offset for r in outputs if r.where == m.Where.OUTPUT_ARENA])
-            for ref in outputs:
-                if ref.where == m.Where.CUDA_IPC and ref.lend:
-                    self.release_lent(-ref.lend)
+        """A reply nobody will use: what it holds of the output arena, and what it lends,
+        goes back to the worker."""
+        if isinstance(outcome, WorkerReply):
+            for offset in outcome.held:
+                self._release(offset)
+            return_lent(outcome.outputs)
 
-    def release_outputs(self, offsets: list[int]) -> None:
-        for offset in offsets:
-            self._schedule_release(offset)
-
-    def _schedule_release(self, offset: int) -> None:
-        """Output-arena space goes back with the next Infer, or in a Release of its own."""
-        self._release.append(offset)
-        if not self._release_scheduled:
-            self._release_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_release)
-
-    def _flush_release(self) -> None:
-        self._release_scheduled = False
-        if self._release and self._channel is not None:
-            self._channel.send(m.Release(self._release))
-            self._release = []
+    def discard_refs(self, refs: Iterable[m.TensorRef]) -> None:
+        """Outputs of a frame that will not be read (its request is gone, or the frame
+        is unreadable): their output-arena space and lent GPU memory go back."""
+        for ref in refs:
+            if ref.where == _OUTPUT_ARENA:
+                self._release(ref.offset)
+            elif ref.where == _CUDA_IPC and ref.lend:
+                self._lending.release_lent(-ref.lend)

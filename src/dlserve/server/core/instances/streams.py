@@ -1,6 +1,7 @@
-"""A decoupled model's requests as the server sees them (mixed into ``WorkerBase``): any
-number of StreamResponse frames per request, the last one final, and the notice that its
-``execute`` returned; and Cancel frames for requests whose client went away."""
+"""A decoupled model's requests as the server sees them: any number of StreamResponse
+frames per request, the last one final, and the notice that its ``execute`` returned.
+Each worker handle owns one :class:`DecoupledStreams`, which shares its table of pending
+requests (a decoupled request stays in it until it has had both)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ from typing import TYPE_CHECKING
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.ipc.channel import AsyncChannel
 from dlserve.tensors.arena import Arena
 
 if TYPE_CHECKING:
-    from dlserve.server.core.instances.handle import _Pending
-    from dlserve.server.core.instances.replies import WorkerReply
+    from dlserve.server.core.instances.pending import Pending
+    from dlserve.server.core.instances.replies import ReplyReader, WorkerReply
 
 
 @dataclass(slots=True)
@@ -63,27 +63,26 @@ class StreamSink:
 
 
 class DecoupledStreams:
-    """Mixed into WorkerBase, which provides these."""
+    """One worker's decoupled requests: their responses read (``reader``) and handed to
+    their sinks, their inputs' arena space freed at the final response, and credit sent
+    back (``send``) as their consumers take responses."""
 
-    _channel: AsyncChannel[m.WorkerToServer] | None
-    _pending: dict[int, _Pending]
-    input_arena: Arena
+    def __init__(
+        self, pending: dict[int, Pending], input_arena: Arena, reader: ReplyReader,
+        send: Callable[[m.ServerToWorker], None],
+    ) -> None:  # fmt: skip
+        self._pending = pending
+        self._input_arena = input_arena
+        self._reader = reader
+        self._send = send
 
-    def read_reply(
-        self, done: m.InferDone, payload: memoryview, *, keep: bool = False, lend: bool = False
-    ) -> WorkerReply:
-        raise NotImplementedError
-
-    def release_outputs(self, offsets: list[int]) -> None:
-        raise NotImplementedError
-
-    def attach_stream(self, rid: int, sink: StreamSink) -> None:
+    def attach(self, rid: int, sink: StreamSink) -> None:
         """Request ``rid`` (just submitted) is decoupled: its StreamResponses go to ``sink``."""
         pending = self._pending.get(rid)
         if pending is not None:
             pending.stream = sink
 
-    def _on_stream_response(self, msg: m.StreamResponse, payload: memoryview) -> None:
+    def on_response(self, msg: m.StreamResponse, payload: memoryview) -> None:
         """A response, or the executed notice; the request is forgotten once it has had
         both its final response and the notice (either may come first)."""
         pending = self._pending.get(msg.rid)
@@ -103,10 +102,10 @@ class DecoupledStreams:
             if sink.executed:
                 del self._pending[msg.rid]
             for offset in pending.arena_offsets:  # the model may read its inputs until now
-                self.input_arena.free(offset)
+                self._input_arena.free(offset)
             pending.arena_offsets = []
         if sink.abandoned:
-            self.release_outputs([r.offset for r in msg.outputs if r.where == m.Where.OUTPUT_ARENA])
+            self._reader.discard_refs(msg.outputs)
         else:
             sink.put(self._stream_reply(msg, payload, sink.lend))
         if msg.final:
@@ -121,7 +120,7 @@ class DecoupledStreams:
         if not frame.has_response:
             return StreamReply(None, None, frame.final, frame.timings)
         done = m.InferDone(frame.rid, frame.outputs, parameters=frame.parameters)
-        return StreamReply(self.read_reply(done, payload, lend=lend), None, frame.final,
+        return StreamReply(self._reader.read(done, payload, False, lend), None, frame.final,
                            frame.timings, m.stream_bytes(frame.outputs))  # fmt: skip
 
     def took(self, rid: int, sink: StreamSink, reply: StreamReply) -> None:
@@ -133,12 +132,6 @@ class DecoupledStreams:
         sink.taken += 1
         sink.taken_bytes += reply.nbytes
         if sink.taken >= m.WINDOW_RESPONSES // 2 or sink.taken_bytes >= m.WINDOW_BYTES // 2:
-            if self._channel is not None and rid in self._pending:
-                self._channel.send(m.Credit(rid, sink.taken, sink.taken_bytes))
+            if rid in self._pending:
+                self._send(m.Credit(rid, sink.taken, sink.taken_bytes))
             sink.taken = sink.taken_bytes = 0
-
-    def cancel(self, rid: int) -> None:
-        """The client of request ``rid`` has gone: the model sees ``is_cancelled()``, and
-        a request that has not started is not run."""
-        if self._channel is not None and rid in self._pending:
-            self._channel.send(m.Cancel(rid))

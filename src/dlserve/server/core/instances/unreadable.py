@@ -12,6 +12,7 @@ read is logged and dropped: nothing can be failed for it without failing innocen
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dlserve.ipc import codec
@@ -29,39 +30,38 @@ def describe(worker: WorkerBase, bad: codec.UnreadableFrame) -> str:
     return f"model '{worker.model_name}' (instance '{worker.label}') sent {bad.what}: {bad.cause}"
 
 
-def handle(worker: WorkerBase, bad: codec.UnreadableFrame) -> None:
-    """Fail what ``bad`` belongs to, give back the memory it names, log why."""
+def stand_in(
+    worker: WorkerBase, bad: codec.UnreadableFrame, discard: Callable[[list[m.TensorRef]], None]
+) -> m.WorkerToServer | None:
+    """Log why ``bad`` cannot be read, give back the output memory it names (``discard``)
+    and answer a call it makes with an error; the frame that stands in for it (the
+    request it answers, failed), or None."""
     error = describe(worker, bad)
     ident = bad.ident
     log.error("%s", error if ident is None else f"{error} (id {ident})")
     if ident is None:
-        return
+        return None
     fields = bad.fields
     if bad.kind is m.InferDone:
-        worker.discard((m.InferDone(ident, fields.get("outputs", [])), bad.payload))
-        worker._on_frame(m.InferDone(ident, error=error, error_code=_INTERNAL), bad.payload)
-    elif bad.kind is m.StreamResponse:
-        _stream_response(worker, ident, fields, error, bad.payload)
-    else:
-        answer = _answer(bad.kind, ident, error)
-        if answer is not None:
-            worker.send_answer(answer, [])
+        discard(fields.get("outputs", []))
+        return m.InferDone(ident, error=error, error_code=_INTERNAL)
+    if bad.kind is m.StreamResponse:
+        discard(fields.get("outputs", []))
+        return _stream_response(ident, fields, error)
+    answer = _answer(bad.kind, ident, error)
+    if answer is not None:
+        worker.send_answer(answer, [])
+    return None
 
 
-def _stream_response(
-    worker: WorkerBase, rid: int, fields: dict[str, Any], error: str, payload: memoryview
-) -> None:
+def _stream_response(rid: int, fields: dict[str, Any], error: str) -> m.StreamResponse:
     """A decoupled request's response fails (its flags kept: a final one still ends the
     request); an executed notice is one still, without its timings."""
-    worker.discard((m.InferDone(rid, fields.get("outputs", [])), payload))
     if fields.get("executed") is True:
-        notice = m.StreamResponse(rid, has_response=False, executed=True,
-                                  rescheduled=fields.get("rescheduled") is True)  # fmt: skip
-        worker._on_frame(notice, payload)
-        return
+        return m.StreamResponse(rid, has_response=False, executed=True,
+                                rescheduled=fields.get("rescheduled") is True)  # fmt: skip
     final = fields.get("final") is True
-    response = m.StreamResponse(rid, error=error, error_code=_INTERNAL, final=final)
-    worker._on_frame(response, payload)
+    return m.StreamResponse(rid, error=error, error_code=_INTERNAL, final=final)
 
 
 def _answer(kind: type[m._Msg] | None, call: int, error: str) -> Answer | None:

@@ -142,8 +142,6 @@ async def _execute(worker: WorkerBase, requests: list[list[InputTensor]]) -> lis
     for outcome in await asyncio.gather(*futures):
         if isinstance(outcome, errors.DlserveError):
             raise outcome  # the worker died
-        try:
-            worker.read_reply(*outcome)  # gives the output arena's space back
-        except errors.DlserveError as exc:
-            failures.append(str(exc))
+        if outcome.error is not None:  # (read where it arrived: its arena space is back)
+            failures.append(str(outcome.error))
     return failures

@@ -23,7 +23,8 @@ from collections import Counter, deque
 from typing import Any
 
 from dlserve import errors
-from dlserve.server.core.instances.handle import ReplyCallback, WorkerBase
+from dlserve.server.core.instances.handle import WorkerBase
+from dlserve.server.core.instances.pending import ReplyCallback
 from dlserve.server.core.instances.pool import WorkerPool
 from dlserve.server.core.instances.replies import Outcome, WorkerReply
 from dlserve.server.core.scheduling.executions import Execution
@@ -159,10 +160,10 @@ class IterativeScheduler(Scheduler):
     # -- answers ---------------------------------------------------------------------------
     def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
         self._executing.discard(id(job))
-        if isinstance(outcome, tuple) and outcome[0].rescheduled:
+        if isinstance(outcome, WorkerReply) and outcome.rescheduled:
             self.stats.inference_count += max(job.batch, 1)  # each execute's, as Triton counts
-            if outcome[0].timings is not None:
-                self._record_execution(execution, outcome[0].timings)
+            if outcome.timings is not None:
+                self._record_execution(execution, outcome.timings)
             if job.future.done():  # its client went away during this execute
                 self._drop(job)
             self._executed(execution)

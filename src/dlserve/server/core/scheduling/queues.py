@@ -124,7 +124,6 @@ class Job:
     deadline_ns: int  # 0: no timeout
     future: asyncio.Future[WorkerReply | None]  # None: a decoupled request was sent
     lease: RegionLease | None = None
-    keep: bool = False  # keep arena outputs in place (an ensemble step's, read by the next)
     delayed: bool = False  # timed out under DELAY: moved behind its level's others
     sent: tuple[WorkerBase, int] | None = None  # the worker and rid it went to
     sink: StreamSink | None = None  # a decoupled request's: where its responses go

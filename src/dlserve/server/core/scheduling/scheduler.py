@@ -37,7 +37,8 @@ from typing import Any, cast
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.server.core.instances.handle import ReplyCallback, WorkerBase, WorkItem
+from dlserve.server.core.instances.handle import WorkerBase, WorkItem
+from dlserve.server.core.instances.pending import ReplyCallback
 from dlserve.server.core.instances.placement import NO_SPANS
 from dlserve.server.core.instances.pool import WorkerPool
 from dlserve.server.core.instances.replies import Outcome, WorkerReply
@@ -119,10 +120,10 @@ class Scheduler:
             request_id, inputs, outputs, params,
             lease.inputs if lease is not None else NO_SPANS,
             lease.outputs if lease is not None else NO_SPANS, chain or [], lend,
-            correlation_id, flags, timeout_us=timeout_us,
+            correlation_id, flags, timeout_us=timeout_us, keep=keep,
         )  # fmt: skip
         future: asyncio.Future[WorkerReply | None] = self._loop.create_future()
-        return Job(item, batch, level, now, deadline, future, lease, keep)
+        return Job(item, batch, level, now, deadline, future, lease)
 
     def run(self, job: Job) -> Awaitable[WorkerReply]:
         """Queue ``job`` and wait for its reply. A caller that is cancelled (its client
@@ -307,10 +308,9 @@ class Scheduler:
         """A decoupled request that ended without its final response: its worker died, or
         it was cancelled before it started (then the worker answers it once)."""
         assert job.sink is not None
-        if isinstance(outcome, tuple):
-            done = outcome[0]
-            message = done.error or "the request ended without a response"
-            job.sink.end(errors.error_from_worker(message, done.error_code))
+        if isinstance(outcome, WorkerReply):
+            ended = "the request ended without a response"  # answered unrun: cancelled
+            job.sink.end(outcome.error or errors.error_from_worker(ended, ""))
         else:
             job.sink.end(outcome)
 
@@ -325,27 +325,23 @@ class Scheduler:
     def _on_reply(self, execution: Execution, job: Job, outcome: Outcome) -> None:
         """A request's reply, its failure, or the notice that its execute returned without
         its response (``deferred``: the model sends it later, and the instance is free)."""
-        worker = execution.worker
-        if isinstance(outcome, tuple):
-            done = outcome[0]
+        if isinstance(outcome, WorkerReply):
             if not job.returned:  # the reply says that the execute returned
                 if not execution.answered and self._flight.answered(execution):
                     self._update_pending()  # the one waiting behind it starts
-                if done.timings is not None:
-                    self._record_execution(execution, done.timings)
-            if done.deferred:
+                if outcome.timings is not None:
+                    self._record_execution(execution, outcome.timings)
+            if outcome.deferred:
                 job.returned = True
                 self._deferred += 1
                 self._returned(execution)
                 return
             if job.future.done():  # its client went away meanwhile
-                worker.discard(outcome)
+                execution.worker.discard(outcome)
+            elif outcome.error is not None:
+                job.future.set_exception(outcome.error)
             else:
-                try:
-                    reply = worker.read_reply(*outcome, keep=job.keep, lend=job.item.lend)
-                    job.future.set_result(reply)
-                except errors.DlserveError as exc:
-                    job.future.set_exception(exc)
+                job.future.set_result(outcome)
         elif isinstance(outcome, errors.WorkerDiedError) and execution.was_waiting():
             self._flight.waiting.discard(execution)
             self._requeue(job)  # it never started: another instance (or the restart) runs it
