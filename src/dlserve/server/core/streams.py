@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from dlserve import errors
 from dlserve.server.core import classification
-from dlserve.server.core.instances.handle import WorkerBase
+from dlserve.server.core.instances.handle import WorkerHandle
 from dlserve.server.core.instances.replies import WorkerReply
 from dlserve.server.core.instances.streams import StreamReply, StreamSink
 from dlserve.server.core.shm.registry import RegionLease
@@ -196,7 +196,7 @@ class OpenStreams:
 
 
 def _cutter(
-    sink: StreamSink, worker: WorkerBase, rid: int
+    sink: StreamSink, worker: WorkerHandle, rid: int
 ) -> Callable[[errors.DlserveError], None]:
     """How to end a stream early (its model is unloaded while its client reads too slowly):
     the consumer gets ``error`` as the final item, the model's responses still coming are

@@ -14,7 +14,7 @@ import numpy as np
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.server.core.instances.handle import WorkerBase, WorkItem
+from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.pool import spawn_worker
 from dlserve.server.core.instances.replies import Outcome, WorkerReply
 from dlserve.server.core.instances.thread import ThreadLauncher
@@ -59,7 +59,7 @@ def _load(root: Path) -> m.Load:
                   json.dumps(config), "two_sizes_0", "CPU", 0)  # fmt: skip
 
 
-async def _run(worker: WorkerBase, x: float, *, keep: bool = False) -> Outcome:
+async def _run(worker: WorkerHandle, x: float, *, keep: bool = False) -> Outcome:
     """Submit one request; the outcome its callback got."""
     future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
     data = memoryview(np.array([x], dtype=np.float32).tobytes())
@@ -104,7 +104,7 @@ def test_a_reply_reaches_its_callback_read(tmp_path: Path) -> None:
 
 def test_every_frame_a_worker_sends_has_a_handler() -> None:
     async def scenario() -> None:
-        worker = WorkerBase("unstarted", ThreadLauncher())
+        worker = WorkerHandle("unstarted", ThreadLauncher())
         try:
             handled = set(worker._handlers)
         finally:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dlserve import errors
 from dlserve.ipc import messages as m
 from dlserve.server.core.calls.direct_broker import DirectLinks
-from dlserve.server.core.instances.handle import DirectMessage, WorkerBase
+from dlserve.server.core.instances.handle import DirectMessage, WorkerHandle
 from dlserve.server.core.instances.lending import ARENA_OWNERS, return_lent
 from dlserve.server.core.models.versions import ModelVersion
 from dlserve.server.core.scheduling.scheduler import TIMEOUT
@@ -98,19 +98,19 @@ class BlsRouter:
         return task
 
     # -- BLS ------------------------------------------------------------------------------
-    def on_bls(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
+    def on_bls(self, caller: WorkerHandle, msg: m.BlsCall, payload: memoryview) -> None:
         self._spawn(self._serve(caller, msg, payload))
 
-    def on_direct(self, worker: WorkerBase, msg: DirectMessage) -> None:
+    def on_direct(self, worker: WorkerHandle, msg: DirectMessage) -> None:
         self.direct.on_frame(worker, msg)
 
-    def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None:
+    def on_bls_credit(self, caller: WorkerHandle, msg: m.BlsCredit) -> None:
         """The caller of a decoupled call stopped listening: the callee's request ends."""
         answer = self._streams.get((id(caller), msg.call))
         if answer is not None and msg.stop:
             answer.stopped = True
 
-    async def _serve(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None:
+    async def _serve(self, caller: WorkerHandle, msg: m.BlsCall, payload: memoryview) -> None:
         """Answer one call. Past its timeout the caller gets an error at once; the callee's
         request goes on (it may still read the caller's memory) and what it returns late
         is released, as are the inputs the caller staged, once it is over."""
@@ -180,7 +180,7 @@ class BlsRouter:
             del self._streams[key]
 
     def _request(
-        self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview
+        self, caller: WorkerHandle, msg: m.BlsCall, payload: memoryview
     ) -> tuple[InferRequest, Call]:
         inputs: list[InputTensor] = []
         spans: dict[str, tuple[int, int, int]] = {}
@@ -213,10 +213,10 @@ class BlsRouter:
         return request, Call(tuple(msg.chain), lease, lend=True)
 
     # -- model control --------------------------------------------------------------------
-    def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None:
+    def on_control(self, caller: WorkerHandle, msg: m.ControlCall) -> None:
         self._spawn(self._control(caller, msg))
 
-    async def _control(self, caller: WorkerBase, msg: m.ControlCall) -> None:
+    async def _control(self, caller: WorkerHandle, msg: m.ControlCall) -> None:
         reply = m.ControlReply(call=msg.call)
         try:
             if msg.op == "ready":
@@ -261,7 +261,7 @@ async def _forward(items: AsyncGenerator[StreamItem, None], answer: _Answer) -> 
             answer.send(item.response, item.error, item.final)
 
 
-async def _finish_late(work: asyncio.Future[None], caller: WorkerBase, staged: list[int]) -> None:
+async def _finish_late(work: asyncio.Future[None], caller: WorkerHandle, staged: list[int]) -> None:
     """A call answered by its timeout: wait for the callee, then free what it held."""
     with contextlib.suppress(Exception):
         await work
@@ -272,7 +272,7 @@ class _Answer:
     """The BlsReply frames of one call: outputs inline (small) or lent (the callee's
     output arena, mapped by the caller); after a timeout, late responses are dropped."""
 
-    def __init__(self, caller: WorkerBase, call: int) -> None:
+    def __init__(self, caller: WorkerHandle, call: int) -> None:
         self.caller = caller
         self.call = call
         self.finished = False
@@ -305,7 +305,7 @@ class _Answer:
 
 
 def _output_refs(
-    caller: WorkerBase, response: InferResponse
+    caller: WorkerHandle, response: InferResponse
 ) -> tuple[list[m.TensorRef], list[memoryview]]:
     refs: list[m.TensorRef] = []
     payload: list[memoryview] = []

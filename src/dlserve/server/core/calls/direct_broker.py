@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.server.core.instances.handle import DirectMessage, WorkerBase
+from dlserve.server.core.instances.handle import DirectMessage, WorkerHandle
 from dlserve.server.core.models.versions import ModelVersion
 from dlserve.tensors.validation import TensorSpec
 
@@ -71,9 +71,9 @@ class DirectLinks:
             weakref.WeakValueDictionary()
         )
         self._target_ids: weakref.WeakKeyDictionary[ModelVersion, int] = weakref.WeakKeyDictionary()
-        self._askers: dict[str, weakref.WeakSet[WorkerBase]] = {}  # by model name
+        self._askers: dict[str, weakref.WeakSet[WorkerHandle]] = {}  # by model name
 
-    def on_frame(self, worker: WorkerBase, msg: DirectMessage) -> None:
+    def on_frame(self, worker: WorkerHandle, msg: DirectMessage) -> None:
         if isinstance(msg, m.DirectOpen):
             self._open(worker, msg)
         elif isinstance(msg, m.DirectStats):
@@ -85,7 +85,7 @@ class DirectLinks:
             self._bind(worker, msg.regions)
 
     # -- opening ------------------------------------------------------------------------
-    def _open(self, caller: WorkerBase, msg: m.DirectOpen) -> None:
+    def _open(self, caller: WorkerHandle, msg: m.DirectOpen) -> None:
         if not self.enabled:
             off = m.DirectTargets(msg.call, error="--bls-direct is false", lasting=True)
             caller.send_answer(off, [])
@@ -124,7 +124,7 @@ class DirectLinks:
                 end.close()
 
     def _send_targets(
-        self, caller: WorkerBase, msg: m.DirectOpen, loaded: ModelVersion,
+        self, caller: WorkerHandle, msg: m.DirectOpen, loaded: ModelVersion,
         instances: list[m.DirectInstance], caller_ends: list[socket.socket],
     ) -> None:  # fmt: skip
         if not instances:
@@ -172,7 +172,7 @@ class DirectLinks:
                                  compute_input, infer, compute_output)  # fmt: skip
             stats.record_execution(record.batch, compute_input, infer, t.output_end - t.infer_end)
 
-    def _bind(self, worker: WorkerBase, regions: list[int]) -> None:
+    def _bind(self, worker: WorkerHandle, regions: list[int]) -> None:
         """``worker`` mapped these regions for a direct call: told to unmap them when they
         go (now, for one that is gone already)."""
         gone = self.service.regions.bind(regions, worker)

@@ -1,7 +1,7 @@
 """The server's handle on one worker: start it, send it requests, read its replies,
 notice its death.
 
-:class:`WorkerBase` is what the core talks to. It owns its collaborators: a launcher
+:class:`WorkerHandle` is what the core talks to. It owns its collaborators: a launcher
 (``process.py`` or ``thread.py``: how the other side runs), a :class:`ReplyReader`
 (``replies.py``: a reply read where it arrives), its :class:`ArenaLending` (``lending.py``:
 the memory workers lend each other for BLS) and its :class:`DecoupledStreams`
@@ -71,13 +71,13 @@ class WorkItem:
 class CallSink(Protocol):
     """Where a worker's BLS and model-control calls go (the core)."""
 
-    def on_bls(self, caller: WorkerBase, msg: m.BlsCall, payload: memoryview) -> None: ...
+    def on_bls(self, caller: WorkerHandle, msg: m.BlsCall, payload: memoryview) -> None: ...
 
-    def on_control(self, caller: WorkerBase, msg: m.ControlCall) -> None: ...
+    def on_control(self, caller: WorkerHandle, msg: m.ControlCall) -> None: ...
 
-    def on_bls_credit(self, caller: WorkerBase, msg: m.BlsCredit) -> None: ...
+    def on_bls_credit(self, caller: WorkerHandle, msg: m.BlsCredit) -> None: ...
 
-    def on_direct(self, worker: WorkerBase, msg: DirectMessage) -> None:
+    def on_direct(self, worker: WorkerHandle, msg: DirectMessage) -> None:
         """A worker's frame about direct BLS calls (``server/core/calls/direct_broker.py``)."""
 
 
@@ -114,7 +114,7 @@ def _ignore(msg: m.WorkerToServer, payload: memoryview) -> None:
     """A frame that is no business of the server's."""
 
 
-_HANDLES: Final[weakref.WeakSet[WorkerBase]] = weakref.WeakSet()  # every handle not stopped
+_HANDLES: Final[weakref.WeakSet[WorkerHandle]] = weakref.WeakSet()  # every handle not stopped
 
 
 def apply_log_settings(settings: m.LogSettings) -> None:
@@ -129,7 +129,7 @@ def apply_log_settings(settings: m.LogSettings) -> None:
         worker.tell(settings)
 
 
-class WorkerBase:
+class WorkerHandle:
     """One worker, as the core sees it; ``launcher`` runs the other side."""
 
     def __init__(

@@ -13,7 +13,7 @@ import msgspec
 from dlserve import errors
 from dlserve.ipc import messages as m
 from dlserve.server.core.instances.environments import ExecEnv
-from dlserve.server.core.instances.handle import CallSink, Launcher, MetricSink, WorkerBase
+from dlserve.server.core.instances.handle import CallSink, Launcher, MetricSink, WorkerHandle
 from dlserve.server.core.instances.process import ProcessLauncher
 from dlserve.server.core.instances.thread import ThreadLauncher
 
@@ -32,7 +32,7 @@ class InstanceSpec:
 async def spawn_worker(
     label: str, in_process: bool, on_metric: MetricSink | None, calls: CallSink | None = None,
     exec_env: ExecEnv | None = None,
-) -> WorkerBase:  # fmt: skip
+) -> WorkerHandle:  # fmt: skip
     """A started worker (``exec_env``: in the model's own Python environment)."""
     if in_process and exec_env is not None:
         raise errors.InvalidArgumentError(
@@ -40,7 +40,7 @@ async def spawn_worker(
             "worker process; in-process workers (--debug) run in the server's Python"
         )
     launcher: Launcher = ThreadLauncher() if in_process else ProcessLauncher(exec_env)
-    worker = WorkerBase(label, launcher, on_metric=on_metric, calls=calls)
+    worker = WorkerHandle(label, launcher, on_metric=on_metric, calls=calls)
     try:
         await worker.spawn()
     except BaseException:
@@ -84,13 +84,13 @@ class WorkerPool:
         self.on_metric = on_metric
         self.calls = calls
         self.load_timeout = load_timeout
-        self.workers: list[WorkerBase | None] = [None] * len(specs)
+        self.workers: list[WorkerHandle | None] = [None] * len(specs)
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self.restarts = 0
         self.on_restart: Callable[[], None] | None = None  # an instance is back: use it
 
-    async def start(self, first: WorkerBase | None = None) -> None:
+    async def start(self, first: WorkerHandle | None = None) -> None:
         """Start every instance (reusing ``first`` for instance 0); all or nothing."""
         starts = [
             self._start_instance(i, first if i == 0 else None) for i in range(len(self.specs))
@@ -102,7 +102,7 @@ class WorkerPool:
             raise failures[0]
         self._watchers = [asyncio.create_task(self._watch(i)) for i in range(len(self.specs))]
 
-    async def _start_instance(self, index: int, worker: WorkerBase | None) -> None:
+    async def _start_instance(self, index: int, worker: WorkerHandle | None) -> None:
         spec = self.specs[index]
         if worker is None:
             worker = await spawn_worker(
@@ -145,18 +145,18 @@ class WorkerPool:
                 return False
         return True
 
-    def live(self) -> list[WorkerBase]:
+    def live(self) -> list[WorkerHandle]:
         """The instances that can take work now."""
         return [w for w in self.workers if w is not None and w.alive]
 
-    def upstream(self, worker: WorkerBase, chain: list[str]) -> bool:
+    def upstream(self, worker: WorkerHandle, chain: list[str]) -> bool:
         """Whether ``worker`` is in a request's BLS call chain (waiting for the request)."""
         for entry, one in zip(self.chain_entries, self.workers, strict=True):
             if one is worker:
                 return entry in chain
         return False
 
-    def on_device(self, device: int) -> list[WorkerBase]:
+    def on_device(self, device: int) -> list[WorkerHandle]:
         """The live instances on GPU ``device``."""
         return [
             worker
@@ -165,7 +165,7 @@ class WorkerPool:
             and worker is not None and worker.alive
         ]  # fmt: skip
 
-    def gpu_of(self, worker: WorkerBase) -> int | None:
+    def gpu_of(self, worker: WorkerHandle) -> int | None:
         """The GPU an instance is on (None for a CPU instance, or one not in the pool)."""
         for spec, one in zip(self.specs, self.workers, strict=True):
             if one is worker:

@@ -19,7 +19,7 @@ from dlserve.tensors.arena import ShmSegment
 from dlserve.types import ArenaSpan, CudaSpan, OutputTensor
 
 if TYPE_CHECKING:
-    from dlserve.server.core.instances.handle import WorkerBase
+    from dlserve.server.core.instances.handle import WorkerHandle
 
 _PAYLOAD: Final = m.Where.PAYLOAD
 _OUTPUT_ARENA: Final = m.Where.OUTPUT_ARENA
@@ -34,7 +34,7 @@ class WorkerReply:
     timings: m.Timings | None
     parameters: dict[str, m.ParamValue] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)  # output-arena offsets still viewed
-    worker: WorkerBase | None = None  # whose output arena ``held`` is in
+    worker: WorkerHandle | None = None  # whose output arena ``held`` is in
     error: errors.DlserveError | None = None  # the model's error (no outputs then)
     deferred: bool = False  # a notice: execute returned, the response comes later
     rescheduled: bool = False  # the model runs the request again (iterative sequences)
@@ -50,7 +50,7 @@ class ReplyReader:
     ``lending``; ``owner`` is the handle a reply that holds output-arena space names."""
 
     def __init__(
-        self, owner: WorkerBase, output_segment: ShmSegment, lending: ArenaLending,
+        self, owner: WorkerHandle, output_segment: ShmSegment, lending: ArenaLending,
         release: Callable[[int], None],
     ) -> None:  # fmt: skip
         self._owner = owner

@@ -19,19 +19,19 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 
 if TYPE_CHECKING:
-    from dlserve.server.core.instances.handle import WorkerBase
+    from dlserve.server.core.instances.handle import WorkerHandle
 
 log = logging.getLogger("dlserve.workers")
 _INTERNAL = "internal"
 
 
-def describe(worker: WorkerBase, bad: codec.UnreadableFrame) -> str:
+def describe(worker: WorkerHandle, bad: codec.UnreadableFrame) -> str:
     """The error's text: the model, its instance, what kind of frame, and why."""
     return f"model '{worker.model_name}' (instance '{worker.label}') sent {bad.what}: {bad.cause}"
 
 
 def stand_in(
-    worker: WorkerBase, bad: codec.UnreadableFrame, discard: Callable[[list[m.TensorRef]], None]
+    worker: WorkerHandle, bad: codec.UnreadableFrame, discard: Callable[[list[m.TensorRef]], None]
 ) -> m.WorkerToServer | None:
     """Log why ``bad`` cannot be read, give back the output memory it names (``discard``)
     and answer a call it makes with an error; the frame that stands in for it (the

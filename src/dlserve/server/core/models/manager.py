@@ -27,7 +27,7 @@ from dlserve.server.core.cache.response_cache import ResponseCache, model_cache
 from dlserve.server.core.calls.ensemble import EnsemblePlan, plan_ensemble
 from dlserve.server.core.host.devices import gpu_count
 from dlserve.server.core.instances import environments, polling
-from dlserve.server.core.instances.handle import CallSink, WorkerBase
+from dlserve.server.core.instances.handle import CallSink, WorkerHandle
 from dlserve.server.core.instances.pool import WorkerPool, spawn_worker
 from dlserve.server.core.models import config as cfg
 from dlserve.server.core.models import warmup
@@ -142,7 +142,7 @@ class ModelManager:
         chosen = select_versions(source, raw)
         wanted = environments.requested(raw.parameters, source.path)
         exec_env = None if wanted is None else await self.environments.prepare(wanted, name)
-        first: WorkerBase | None = await spawn_worker(  # named as Triton names its stub
+        first: WorkerHandle | None = await spawn_worker(  # named as Triton names its stub
             name, self.options.in_process, self.custom.handle, self.calls,
             exec_env,
         )  # fmt: skip
@@ -185,7 +185,7 @@ class ModelManager:
         )
 
     async def _auto_complete(
-        self, source: ModelSource, version: int, raw: Any, worker: WorkerBase
+        self, source: ModelSource, version: int, raw: Any, worker: WorkerHandle
     ) -> Any:
         template = self._template(source, version, raw, autocomplete=True)
         msg = msgspec.structs.replace(  # without auto-complete: the model is only imported
@@ -201,7 +201,7 @@ class ModelManager:
         return config
 
     async def _start_version(
-        self, source: ModelSource, version: int, config: Any, first: WorkerBase | None,
+        self, source: ModelSource, version: int, config: Any, first: WorkerHandle | None,
         exec_env: environments.ExecEnv | None,
     ) -> ModelVersion:  # fmt: skip
         template = self._template(source, version, config, autocomplete=False)

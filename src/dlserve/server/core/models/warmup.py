@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlserve import errors
-from dlserve.server.core.instances.handle import WorkerBase, WorkItem
+from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.pool import WorkerPool
 from dlserve.server.core.instances.replies import Outcome
 from dlserve.server.core.models.config import ConfigError
@@ -121,7 +121,7 @@ async def run(pool: WorkerPool, samples: Sequence[Sample]) -> None:
         await asyncio.gather(*(_warm(w, samples) for w in pool.workers if w is not None))
 
 
-async def _warm(worker: WorkerBase, samples: Sequence[Sample]) -> None:
+async def _warm(worker: WorkerHandle, samples: Sequence[Sample]) -> None:
     for sample in samples:
         for _ in range(sample.count):
             failures = await _execute(worker, sample.requests)
@@ -132,7 +132,7 @@ async def _warm(worker: WorkerBase, samples: Sequence[Sample]) -> None:
                 )
 
 
-async def _execute(worker: WorkerBase, requests: list[list[InputTensor]]) -> list[str]:
+async def _execute(worker: WorkerHandle, requests: list[list[InputTensor]]) -> list[str]:
     """One execute of ``requests`` on ``worker``; the error messages of their responses."""
     loop = asyncio.get_running_loop()
     futures: list[asyncio.Future[Outcome]] = [loop.create_future() for _ in requests]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlserve.server.core.instances.handle import WorkerBase
+from dlserve.server.core.instances.handle import WorkerHandle
 from dlserve.server.core.scheduling.queues import Job
 
 
@@ -14,7 +14,7 @@ from dlserve.server.core.scheduling.queues import Job
 class Execution:
     """One execute() call sent to one worker."""
 
-    worker: WorkerBase
+    worker: WorkerHandle
     remaining: int  # replies still to come
     batch_size: int  # inferences in all
     recorded: bool = False
@@ -32,16 +32,16 @@ class InFlight:
     """The scheduler's instances and their executions."""
 
     def __init__(self) -> None:
-        self.busy: set[WorkerBase] = set()  # instances with an execution in flight
+        self.busy: set[WorkerHandle] = set()  # instances with an execution in flight
         self.waiting: set[Execution] = set()  # sent, behind another execute not returned
-        self._count: dict[WorkerBase, int] = {}  # executions in flight, per busy instance
-        self._newest: dict[WorkerBase, Execution] = {}  # the last sent, per busy instance
+        self._count: dict[WorkerHandle, int] = {}  # executions in flight, per busy instance
+        self._newest: dict[WorkerHandle, Execution] = {}  # the last sent, per busy instance
 
-    def has_one(self, worker: WorkerBase) -> bool:
+    def has_one(self, worker: WorkerHandle) -> bool:
         """Busy with one execution, nothing waiting behind it."""
         return self._count.get(worker) == 1
 
-    def prepare(self, worker: WorkerBase, jobs: list[Job]) -> Execution:
+    def prepare(self, worker: WorkerHandle, jobs: list[Job]) -> Execution:
         """An execution of ``jobs`` on ``worker``, behind the one it runs (if any); it is
         in flight once :meth:`sent` says so."""
         return Execution(worker, len(jobs), 0, ahead=self._newest.get(worker), jobs=jobs)

@@ -23,7 +23,7 @@ from collections import Counter, deque
 from typing import Any
 
 from dlserve import errors
-from dlserve.server.core.instances.handle import WorkerBase
+from dlserve.server.core.instances.handle import WorkerHandle
 from dlserve.server.core.instances.pending import ReplyCallback
 from dlserve.server.core.instances.pool import WorkerPool
 from dlserve.server.core.instances.replies import Outcome, WorkerReply
@@ -109,7 +109,7 @@ class IterativeScheduler(Scheduler):
         if not self._waiting() and not self._busy and idle is not None and not idle.done():
             idle.set_result(None)
 
-    def _send(self, worker: WorkerBase, jobs: list[Job]) -> None:
+    def _send(self, worker: WorkerHandle, jobs: list[Job]) -> None:
         live = [job for job in jobs if self._still_wanted(job, worker)]
         if not live:
             return
@@ -139,7 +139,7 @@ class IterativeScheduler(Scheduler):
                     job.future.set_result(None)
         self._busy.add(worker)
 
-    def _still_wanted(self, job: Job, worker: WorkerBase) -> bool:
+    def _still_wanted(self, job: Job, worker: WorkerHandle) -> bool:
         """Whether a request in a slot is to run (again) on ``worker``: not if its client
         went away while it waited, nor if the instance that ran it before has died since
         (what the model kept of it died too)."""

@@ -31,7 +31,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
-from dlserve.server.core.instances.handle import WorkerBase, WorkItem
+from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.replies import WorkerReply
 from dlserve.server.core.instances.streams import StreamSink
 from dlserve.server.core.shm.registry import RegionLease
@@ -125,7 +125,7 @@ class Job:
     future: asyncio.Future[WorkerReply | None]  # None: a decoupled request was sent
     lease: RegionLease | None = None
     delayed: bool = False  # timed out under DELAY: moved behind its level's others
-    sent: tuple[WorkerBase, int] | None = None  # the worker and rid it went to
+    sent: tuple[WorkerHandle, int] | None = None  # the worker and rid it went to
     sink: StreamSink | None = None  # a decoupled request's: where its responses go
     returned: bool = False  # its execute returned without its response (deferred)
 

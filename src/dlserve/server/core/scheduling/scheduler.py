@@ -37,7 +37,7 @@ from typing import Any, cast
 
 from dlserve import errors
 from dlserve.ipc import messages as m
-from dlserve.server.core.instances.handle import WorkerBase, WorkItem
+from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.pending import ReplyCallback
 from dlserve.server.core.instances.placement import NO_SPANS
 from dlserve.server.core.instances.pool import WorkerPool
@@ -131,7 +131,7 @@ class Scheduler:
         # no coroutine of its own: a job without a sink always gets a reply, never None
         return cast(Awaitable[WorkerReply], self._run(job))
 
-    async def run_stream(self, job: Job, sink: StreamSink) -> tuple[WorkerBase, int]:
+    async def run_stream(self, job: Job, sink: StreamSink) -> tuple[WorkerHandle, int]:
         """Queue a decoupled model's ``job`` and wait until it is sent: its responses go to
         ``sink`` from then on, and the instance is busy until its ``execute`` returns. Where
         it was sent (to cancel it)."""
@@ -203,7 +203,7 @@ class Scheduler:
     def _any_live(self) -> bool:
         return any(w is not None and w.alive for w in self.pool.workers)
 
-    def _free_worker(self, device: int | None, chain: list[str]) -> WorkerBase | None:
+    def _free_worker(self, device: int | None, chain: list[str]) -> WorkerHandle | None:
         """A free instance for a batch whose head request has its CUDA input on GPU
         ``device``: one on that GPU when the model has any there (waiting for it if they
         are busy), else any (the request crosses devices: said once, and counted). Never
@@ -228,7 +228,7 @@ class Scheduler:
             return self._sole(sole)
         return None
 
-    def _sole(self, worker: WorkerBase | None) -> WorkerBase | None:
+    def _sole(self, worker: WorkerHandle | None) -> WorkerHandle | None:
         """The model's one instance (or the one on the request's GPU), busy: the request
         waits there rather than here when nothing waits there yet. With several instances
         it waits here, so that whichever frees first takes it."""
@@ -236,7 +236,7 @@ class Scheduler:
             return worker
         return None
 
-    def _count_crossings(self, worker: WorkerBase, jobs: list[Job]) -> None:
+    def _count_crossings(self, worker: WorkerHandle, jobs: list[Job]) -> None:
         devices = [job.device for job in jobs if job.device is not None]
         if not devices:
             return
@@ -273,7 +273,7 @@ class Scheduler:
         self._timer = None
         self.dispatch()
 
-    def _send(self, worker: WorkerBase, jobs: list[Job]) -> None:
+    def _send(self, worker: WorkerHandle, jobs: list[Job]) -> None:
         live = [job for job in jobs if not job.future.done()]
         if not live:
             return
