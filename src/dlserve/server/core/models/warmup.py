@@ -142,6 +142,6 @@ async def _execute(worker: WorkerHandle, requests: list[list[InputTensor]]) -> l
     for outcome in await asyncio.gather(*futures):
         if isinstance(outcome, errors.DlserveError):
             raise outcome  # the worker died
-        if outcome.error is not None:  # (read where it arrived: its arena space is back)
+        if outcome.error is not None:  # (outputs were read on arrival, their space given back)
             failures.append(str(outcome.error))
     return failures
