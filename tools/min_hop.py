@@ -128,7 +128,9 @@ def minimal(requests: int) -> float:
         for call in range(WARMUP + requests):
             start = time.perf_counter_ns()
             data = pb_utils.Tensor("INPUT_0", x).as_numpy().data.cast("B")
-            infer = m.Infer(-call - 1, "", [_inline("INPUT_0", data)], ["OUTPUT_0"], lend=True)
+            infer = m.Infer(
+                rid=-call - 1, inputs=[_inline("INPUT_0", data)], outputs=["OUTPUT_0"], lend=True
+            )
             channel.send(infer, [data])
             msg, payload = channel.recv()
             assert isinstance(msg, m.InferDone)

@@ -26,7 +26,9 @@ def _frames() -> list[bytes]:
     """Encoded Infer frames of many payload sizes, as one byte string each."""
     frames = []
     for rid, size in enumerate(SIZES * 3):
-        buffers = codec.encode(m.Infer(rid, f"r{rid}", [], []), [_payload(size, rid)])
+        buffers = codec.encode(
+            m.Infer(rid=rid, request_id=f"r{rid}", inputs=[]), [_payload(size, rid)]
+        )
         frames.append(b"".join(bytes(b) for b in buffers))
     return frames
 
@@ -134,14 +136,34 @@ def _raw_frame(header: object, payload: bytes = b"") -> bytes:
     return codec.PREFIX.pack(len(encoded), len(payload)) + encoded + payload
 
 
-def _good(rid: int) -> bytes:
-    return b"".join(bytes(b) for b in codec.encode(m.Infer(rid, "ok", [], []), [b"pay"]))
+def _wire(kind: type[m._Msg], **values: object) -> list[object]:
+    """``kind``'s array-like header holding ``values`` (whatever their types), its other
+    fields at their defaults."""
+    return [kind.__struct_config__.tag,
+            *(values[f.name] if f.name in values else _default(f)
+              for f in msgspec.structs.fields(kind))]  # fmt: skip
 
+
+def _default(field: msgspec.structs.FieldInfo) -> object:
+    if field.default is not msgspec.NODEFAULT:
+        return field.default
+    return field.default_factory()
+
+
+def _good(rid: int) -> bytes:
+    return b"".join(bytes(b) for b in codec.encode(_ok(rid), [b"pay"]))
+
+
+def _ok(rid: int) -> m.Infer:
+    return m.Infer(rid=rid, request_id="ok", inputs=[])
+
+
+_BYTES_ID = _wire(m.Infer, rid=41, request_id=b"bytes id", inputs=[])
 
 # An Infer whose request id is bytes (a str field), one of an unknown tag, and bytes that
 # are not msgpack at all: the first is told by its kind and rid, the others by nothing.
 BAD_FRAMES = [
-    (_raw_frame([2, 41, b"bytes id", [], []], b"xyz"), m.Infer, 41, b"xyz"),
+    (_raw_frame(_BYTES_ID, b"xyz"), m.Infer, 41, b"xyz"),
     (_raw_frame([99, 42], b"q"), None, None, b"q"),
     (_raw_frame(b"\xc1\xc1", b""), None, None, b""),
 ]
@@ -158,12 +180,12 @@ def test_blocking_channel_reads_on_after_an_unreadable_frame(
     stream = _good(1) + frame + _good(2) + b"".join(_frames()[8:10])
     writer = threading.Thread(target=ours.sendall, args=(stream,))
     writer.start()
-    assert channel.recv()[0] == m.Infer(1, "ok", [], [])
+    assert channel.recv()[0] == _ok(1)
     with pytest.raises(codec.UnreadableFrame) as raised:
         channel.recv()
     bad = raised.value
     assert (bad.kind, bad.ident, bytes(bad.payload)) == (kind, ident, payload)
-    assert channel.recv()[0] == m.Infer(2, "ok", [], [])
+    assert channel.recv()[0] == _ok(2)
     for rid in (8, 9):  # large frames after it (read straight into their own buffers)
         msg, data = channel.recv()
         assert isinstance(msg, m.Infer) and msg.rid == rid
@@ -208,7 +230,8 @@ def test_async_channel_reports_an_unreadable_frame_and_reads_on() -> None:
         await loop.create_unix_connection(
             lambda: AsyncChannel(codec.to_server, on_frame, lost.append, bad.append), sock=ours
         )
-        frames = [codec.encode(m.InferDone(1)), [_raw_frame([105, 9, b"model", []], b"in")],
+        bytes_name = _wire(m.BlsCall, call=9, model_name=b"model", inputs=[])
+        frames = [codec.encode(m.InferDone(1)), [_raw_frame(bytes_name, b"in")],
                   [_raw_frame(b"\xc1")], codec.encode(m.InferDone(3))]  # fmt: skip
         stream = b"".join(bytes(piece) for frame in frames for piece in frame)
         await loop.sock_sendall(theirs, stream)

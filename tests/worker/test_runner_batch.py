@@ -64,7 +64,7 @@ def items(*arrays: np.ndarray) -> tuple[list[m.BatchItem], memoryview]:
     for rid, array in enumerate(arrays, 1):
         data = array.astype(np.float32).tobytes()
         ref = m.TensorRef("X", "FP32", list(array.shape), m.Where.PAYLOAD, offset, len(data))
-        result.append(m.BatchItem(rid, f"r{rid}", [ref], []))
+        result.append(m.BatchItem(rid=rid, request_id=f"r{rid}", inputs=[ref], outputs=[]))
         payload += data
         offset += len(data)
     return result, memoryview(payload)

@@ -112,7 +112,7 @@ def server() -> Iterator[Server]:
 
 
 def infer(rid: int) -> m.Infer:
-    return m.Infer(rid, f"r{rid}", [], ["SEEN"])
+    return m.Infer(rid=rid, request_id=f"r{rid}", inputs=[], outputs=["SEEN"])
 
 
 def seen_value(msg: m.WorkerToServer, payload: memoryview, rid: int) -> float:
@@ -159,7 +159,7 @@ def test_the_double_example_on_its_instance_kind(server: Server, kind: str) -> N
     image = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
     server.arena.buffer[: image.nbytes] = image.tobytes()
     ref = m.TensorRef("INPUT_0", "FP32", list(image.shape), m.Where.INPUT_ARENA, 0, image.nbytes)
-    server.channel.send(m.Infer(1, "r1", [ref], ["OUTPUT_0"]))
+    server.channel.send(m.Infer(rid=1, request_id="r1", inputs=[ref], outputs=["OUTPUT_0"]))
     done, payload = server.next_frame()
     assert isinstance(done, m.InferDone) and done.error == "", done
     (out,) = done.outputs

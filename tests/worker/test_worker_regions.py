@@ -136,7 +136,9 @@ def test_zero_bytes_and_unknown_keys(client_object: tuple[str, mmap.mmap]) -> No
 
 def test_region_messages_survive_the_codec() -> None:
     output = ref("/k", 5, 64, region=7)
-    infer = m.Infer(1, "id", [ref("/k", 3, 8)], ["OUT"], output_regions=[output])
+    infer = m.Infer(
+        rid=1, request_id="id", inputs=[ref("/k", 3, 8)], outputs=["OUT"], output_regions=[output]
+    )
     for message in (infer, m.UnmapRegions([7, 8])):
         header = codec.encode(message)[1]
         assert codec.to_worker.decode(header) == message

@@ -73,25 +73,40 @@ class Load(_Msg, tag=1):
     initialize: bool = True
 
 
-class Infer(_Msg, tag=2):
-    rid: int
-    request_id: str
+class Request(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, kw_only=True):
+    """A request's own fields, declared once for every message that carries one (an
+    :class:`Infer`, a :class:`BatchItem`, a :class:`BlsCall`). Keyword-only, as are the
+    fields the messages add: on the wire (array-like) these come first."""
+
+    request_id: str = ""
     inputs: list[TensorRef]
-    outputs: list[str]  # requested output names; empty: all the model produces
+    outputs: list[str] = []  # requested output names; empty: all the model produces
     parameters: dict[str, ParamValue] = {}
-    release: list[int] = []  # output-arena offsets the server is done with
-    # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
-    output_regions: list[TensorRef] = []
     chain: list[str] = []  # BLS: the instances upstream of it (chain_entry), callers first
-    lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
     correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
     flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
     trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
+    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
+
+
+class BatchItem(Request, kw_only=True):
+    """One request as a worker receives it: alone (:class:`Infer`) or in an
+    :class:`InferBatch`."""
+
+    rid: int
+    # outputs to write into client regions: CLIENT_REGION refs, nbytes the room there
+    output_regions: list[TensorRef] = []
+    lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
+
+
+class Infer(BatchItem, _Msg, tag=2, kw_only=True):
+    """One request for one ``execute`` call, with what its frame carries besides."""
+
+    release: list[int] = []  # output-arena offsets the server is done with
     # direct BLS calls: the caller's GPU work on its inputs, to wait for before they are
     # read; ``fenced``: the reply may carry the callee's own fences instead of its waits
     fences: list[Fence] = []
     fenced: bool = False
-    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
 
 
 class Cancel(_Msg, tag=7):
@@ -169,23 +184,6 @@ class DropArenas(_Msg, tag=10):
     """These workers' arenas are gone (the worker stopped): drop their mappings."""
 
     arenas: list[int]
-
-
-class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One request of an :class:`InferBatch`; its fields mean what :class:`Infer`'s do."""
-
-    rid: int
-    request_id: str
-    inputs: list[TensorRef]
-    outputs: list[str]
-    parameters: dict[str, ParamValue] = {}
-    output_regions: list[TensorRef] = []
-    chain: list[str] = []  # BLS: the instances upstream of it (chain_entry), callers first
-    lend: bool = False  # BLS: GPU outputs go by IPC handle, kept until given back
-    correlation_id: int | str = 0  # the sequence id (0: none), as pb_utils returns it
-    flags: int = 0  # Triton's request flags: SEQUENCE_START 1, SEQUENCE_END 2
-    trace_id: int = 0  # the request's trace id (0: not traced), for request.trace()
-    timeout_us: int = 0  # the request's timeout (microseconds, 0: none): request.timeout()
 
 
 class InferBatch(_Msg, tag=20):
@@ -299,28 +297,21 @@ class BlsCredit(_Msg, tag=108):
     stop: bool = False
 
 
-class BlsCall(_Msg, tag=105):
+class BlsCall(Request, _Msg, tag=105, kw_only=True):
     """A model's request to another model (``InferenceRequest.exec``).
 
     Inputs are PAYLOAD refs (bytes in this frame), CLIENT_REGION refs (a client's region
     the caller received its input in), INPUT_ARENA refs (the caller's own input) or
     OUTPUT_ARENA refs (copied once into the caller's output arena, freed by the caller
     when the call is over): the server hands the callee a reference, not the bytes.
+    ``chain`` ends with the caller; ``trace_id`` is the caller's trace
+    (``trace=request.trace()``); ``timeout_us`` 0 is none.
     """
 
     call: int
     model_name: str
-    inputs: list[TensorRef]
-    outputs: list[str] = []
     model_version: int = -1
-    request_id: str = ""
-    parameters: dict[str, ParamValue] = {}
-    timeout_us: int = 0  # 0: none
     decoupled: bool = False  # the caller iterates over the responses
-    chain: list[str] = []  # the instances upstream of this call (chain_entry), the caller last
-    correlation_id: int | str = 0  # the request's correlation_id() (0: none)
-    flags: int = 0  # its flags(): SEQUENCE_START 1, SEQUENCE_END 2
-    trace_id: int = 0  # trace=request.trace(): the caller's trace id (0: not traced)
 
 
 class ControlCall(_Msg, tag=106):

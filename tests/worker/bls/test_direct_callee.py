@@ -125,7 +125,8 @@ def call(
     """One direct request; the output's ref, checked against the bytes it names."""
     data = np.array([value], dtype=np.float32)
     ref = m.TensorRef("INPUT0", "FP32", [1], m.Where.PAYLOAD, 0, 4)
-    conn.send(m.Infer(-1, "", [ref], ["OUTPUT0"], release=release or [], lend=True), [data.data])
+    infer = m.Infer(rid=-1, inputs=[ref], outputs=["OUTPUT0"], release=release or [], lend=True)
+    conn.send(infer, [data.data])
     done, _ = conn.recv()
     assert isinstance(done, m.InferDone) and not done.error, done
     (out,) = done.outputs
@@ -177,7 +178,7 @@ def test_requests_from_the_server_and_a_direct_caller_are_served_in_turn(peers: 
     assert value_at(peers, call(conn, 5.0)) == 5.0
     data = np.array([6.0], dtype=np.float32)
     ref = m.TensorRef("INPUT0", "FP32", [1], m.Where.PAYLOAD, 0, 4)
-    peers.channel.send(m.Infer(7, "", [ref], ["OUTPUT0"]), [data.data])
+    peers.channel.send(m.Infer(rid=7, inputs=[ref], outputs=["OUTPUT0"]), [data.data])
     done, _ = peers.channel.recv()
     assert isinstance(done, m.InferDone) and done.rid == 7
     assert done.outputs[0].where == m.Where.OUTPUT_ARENA  # the server's: not lent

@@ -336,9 +336,9 @@ class DirectCalls:
             raise
         if fences:  # the caller's GPU work may be done by now: the callee need not wait
             fences = cuda_peers.unfinished(fences)
-        infer = m.Infer(-self._link.next_call_id(), call.request_id, refs, call.outputs,
-                        call.parameters, chain=call.chain, lend=True, fences=fences,
-                        fenced=True)  # fmt: skip
+        infer = m.Infer(rid=-self._link.next_call_id(), request_id=call.request_id,
+                        inputs=refs, outputs=call.outputs, parameters=call.parameters,
+                        chain=call.chain, lend=True, fences=fences, fenced=True)  # fmt: skip
         release = conn.release_frame()
         sent = time.monotonic_ns()
         try:

@@ -74,7 +74,7 @@ def direct_request():
     target = worker.direct.target("bad_callee", -1)
     conn = target.take(None, [])
     try:
-        conn.channel.send(m.Infer(-worker.next_call_id(), b"bytes id", [], []))
+        conn.channel.send(m.Infer(rid=-worker.next_call_id(), request_id=b"bytes id", inputs=[]))
         reply, _ = conn.channel.recv()
     finally:
         conn.busy.release()

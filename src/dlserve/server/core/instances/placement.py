@@ -110,17 +110,23 @@ def infer_message(placed: list[Placed], release: list[int]) -> m.Infer | m.Infer
     """An Infer frame for one request, an InferBatch for several."""
     if len(placed) == 1:
         rid, item, refs, _ = placed[0]
-        return m.Infer(rid, item.request_id, refs, item.outputs, item.parameters, release,
-                       _output_regions(item), item.chain, item.lend, item.correlation_id,
-                       item.flags, item.trace_id, timeout_us=item.timeout_us)  # fmt: skip
+        return m.Infer(
+            rid=rid, request_id=item.request_id, inputs=refs, outputs=item.outputs,
+            parameters=item.parameters, release=release, output_regions=_output_regions(item),
+            chain=item.chain, lend=item.lend, correlation_id=item.correlation_id,
+            flags=item.flags, trace_id=item.trace_id, timeout_us=item.timeout_us,
+        )  # fmt: skip
     items = [_batch_item(rid, item, refs) for rid, item, refs, _ in placed]
     return m.InferBatch(items, release)
 
 
 def _batch_item(rid: int, item: WorkItem, refs: list[m.TensorRef]) -> m.BatchItem:
-    return m.BatchItem(rid, item.request_id, refs, item.outputs, item.parameters,
-                       _output_regions(item), item.chain, item.lend, item.correlation_id,
-                       item.flags, item.trace_id, item.timeout_us)  # fmt: skip
+    return m.BatchItem(
+        rid=rid, request_id=item.request_id, inputs=refs, outputs=item.outputs,
+        parameters=item.parameters, output_regions=_output_regions(item), chain=item.chain,
+        lend=item.lend, correlation_id=item.correlation_id, flags=item.flags,
+        trace_id=item.trace_id, timeout_us=item.timeout_us,
+    )  # fmt: skip
 
 
 def _output_regions(item: WorkItem) -> list[m.TensorRef]:
