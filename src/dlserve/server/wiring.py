@@ -156,7 +156,7 @@ class Server:
 
     def _stop_if_a_model_failed(self) -> None:
         failed = [
-            f"{entry.name}: {entry.reason}" for entry in self.service.repository_index()
+            f"{entry.name}: {entry.reason}" for entry in self.service.repository_api.index()
             if entry.state is ModelState.UNAVAILABLE
         ]  # fmt: skip
         if failed:
@@ -165,7 +165,7 @@ class Server:
     def _report(self) -> None:
         rows = [
             (e.name, e.version or "-", e.state.value if e.state else "UNLOADED", e.reason)
-            for e in self.service.repository_index()
+            for e in self.service.repository_api.index()
         ]
         print(_table(("Model", "Version", "Status"), rows), flush=True)
         hosts, ports = self.hosts, self.ports

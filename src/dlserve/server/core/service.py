@@ -1,53 +1,38 @@
-"""The one entry point of the frontends: everything the protocols can ask for."""
+"""The one entry point of the frontends: everything the protocols can ask for. Requests
+go through its :class:`~dlserve.server.core.pipeline.RequestPipeline`; client shared
+memory and the repository extension are collaborators it owns (``service_api.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.registry import Collector
 
 from dlserve import __version__, errors
-from dlserve.server.core import classification, streams
 from dlserve.server.core.cache.cache_config import CacheSettings
-from dlserve.server.core.cache.response_cache import CacheCollector, ResponseCache, cacheable
-from dlserve.server.core.calls import ensemble_steps
+from dlserve.server.core.cache.response_cache import CacheCollector, ResponseCache
 from dlserve.server.core.calls.bls_router import BlsRouter
-from dlserve.server.core.instances.replies import WorkerReply
 from dlserve.server.core.models.config import config_to_dict
-from dlserve.server.core.models.manager import (
-    UNLOADED,
-    ManagerOptions,
-    ModelEntry,
-    ModelManager,
-    ModelVersion,
-)
+from dlserve.server.core.models.manager import UNLOADED, ManagerOptions, ModelManager
 from dlserve.server.core.models.poller import RepositoryPoller
 from dlserve.server.core.models.repository import Repository
+from dlserve.server.core.pipeline import RequestPipeline
 from dlserve.server.core.raw_input import raw_input
 from dlserve.server.core.service_api import RepositoryApi, SharedMemoryApi
 from dlserve.server.core.shm.owners import OwnerOptions, ReclaimCollector, RegionOwners
 from dlserve.server.core.shm.registry import AllowClientShm, RegionRegistry
-from dlserve.server.core.streams import NO_CALL, Call, StreamItem, reply_outputs
 from dlserve.server.core.telemetry.log_settings import LogSettings
 from dlserve.server.core.telemetry.metrics import Metrics
-from dlserve.server.core.telemetry.stats import failure_reason
 from dlserve.server.core.telemetry.system_metrics import SystemCollector
-from dlserve.server.core.telemetry.tracer import Trace, Tracer
+from dlserve.server.core.telemetry.tracer import Tracer
 from dlserve.types import (
-    InferRequest,
-    InferResponse,
     InputTensor,
     ModelMetadata,
     ModelState,
     ModelStatistics,
-    OutputTensor,
-    Parameters,
     ServerMetadata,
     TensorMetadata,
 )
@@ -83,11 +68,10 @@ class ServiceOptions:
     bls_direct: bool = True  # --bls-direct: BLS calls may go from worker to worker
 
 
-class InferenceService(SharedMemoryApi, RepositoryApi):
+class InferenceService:
     def __init__(self, repository: Repository, options: ServiceOptions) -> None:
         self.repository = repository
         self.options = options
-        self.model_control_mode = options.model_control_mode
         self.regions = RegionRegistry(options.allow_client_shm)
         self.owners = RegionOwners([self.regions], options.owners)
         settings = options.cache
@@ -103,6 +87,14 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
         )
         self.manager.on_change = self.bls.direct.changed
         self.bls.direct.enabled = options.bls_direct
+        self.pipeline = RequestPipeline(self.manager, repository, self.regions)
+        # the frontends' request entry points are the pipeline's methods themselves: a
+        # request pays no call of the service's own
+        self.version = self.pipeline.version
+        self.infer = self.pipeline.infer
+        self.infer_stream = self.pipeline.stream
+        self.shared_memory = SharedMemoryApi(self.regions, self.owners)
+        self.repository_api = RepositoryApi(repository, self.manager, options.model_control_mode)
         self._log = LogSettings(options.log_verbose, options.log_file)
         if options.log_levels != (True, True, True):  # the server and every worker from now on
             info, warning, error = options.log_levels
@@ -180,37 +172,6 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
         except errors.DlserveError:
             return False
 
-    def version(self, name: str, version: str = "") -> ModelVersion:
-        """The version a request addresses; raises Triton's not-found errors."""
-        entry = self.manager.entry(name)
-        if entry is None or not entry.versions:
-            raise self._unknown(name, version, entry)
-        if not version or version == "-1":
-            found = entry.latest_ready()
-            if found is None:
-                raise errors.UnavailableError(
-                    f"Request for unknown model: '{name}' has no available versions"
-                )
-            return found
-        try:
-            return entry.versions[int(version)]
-        except (ValueError, KeyError):
-            raise errors.NotFoundError(
-                f"Request for unknown model: '{name}' version {version} is not found"
-            ) from None
-
-    @staticmethod
-    def _unknown(name: str, version: str, entry: ModelEntry | None) -> errors.DlserveError:
-        if entry is not None and entry.state == ModelState.UNAVAILABLE:
-            return errors.UnavailableError(
-                f"Request for unknown model: '{name}' has no available versions"
-            )
-        if version:
-            return errors.NotFoundError(
-                f"Request for unknown model: '{name}' version {version} is not found"
-            )
-        return errors.NotFoundError(f"Request for unknown model: '{name}' is not found")
-
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         loaded = self.version(name, version)
         entry = self.manager.models[name]
@@ -239,112 +200,7 @@ class InferenceService(SharedMemoryApi, RepositoryApi):
     def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_dict(self.model_config(name, version))
 
-    # -- inference ----------------------------------------------------------------------
-    async def infer(
-        self, request: InferRequest, call: Call = NO_CALL, trace: Trace | None = None
-    ) -> InferResponse:
-        """Run one request of a model that answers once. When its caller is cancelled (the
-        client went away), a request still queued leaves the queue without being executed.
-        ``call``: a BLS request's upstream models and the memory its inputs are in.
-        ``trace``: the request's trace, when it is traced (the caller releases it)."""
-        received = time.monotonic_ns()
-        loaded = self.version(request.model_name, request.model_version)
-        if trace is not None:
-            trace.started(request.model_name, loaded.version, request.id, received)
-        if loaded.decoupled:
-            raise errors.DecoupledModelError(
-                f"model '{request.model_name}' uses the decoupled transaction policy: use "
-                "the streaming endpoint"
-            )
-        classes = classification.requested(request) if request.outputs else {}
-        try:
-            cache = loaded.cache
-            if cache is not None and call is NO_CALL and cacheable(request):
-                run = functools.partial(self._outputs, loaded, request, call, received, trace)
-                outputs, parameters = await cache.outputs(request, received, run)
-            else:
-                outputs, parameters = await self._outputs(loaded, request, call, received, trace)
-            if classes:
-                batched = loaded.config.max_batch_size > 0
-                outputs = classification.apply(outputs, classes, batched, loaded.labels)
-        except errors.DlserveError as exc:
-            loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
-            raise
-        except asyncio.CancelledError:
-            loaded.stats.record_failure(time.monotonic_ns() - received, "CANCELED")
-            raise
-        finally:
-            if trace is not None:
-                trace.stamp("REQUEST_END", time.monotonic_ns())
-        return InferResponse(
-            request.model_name, str(loaded.version), request.id, outputs, parameters
-        )
-
-    async def _outputs(
-        self, loaded: ModelVersion, request: InferRequest, call: Call, received: int,
-        trace: Trace | None = None,
-    ) -> tuple[list[OutputTensor], Parameters]:  # fmt: skip
-        """The model's answer to ``request`` (an ensemble's: its steps'), counted."""
-        if loaded.ensemble is not None:
-            outputs = await ensemble_steps.run(self, loaded, request, received, trace)
-            if trace is not None:
-                trace.outputs(outputs)
-            return outputs, {}
-        reply, batch = await self._run(loaded, request, call=call, trace=trace)
-        self._record(loaded, reply, batch, received)
-        outputs = reply_outputs(loaded, reply)
-        if trace is not None:
-            trace.computed(reply, outputs)
-        return outputs, dict(reply.parameters) if reply.parameters else {}
-
-    def infer_stream(
-        self, request: InferRequest, call: Call = NO_CALL, trace: Trace | None = None
-    ) -> AsyncGenerator[StreamItem, None]:
-        """Run a request over a stream: one item per response (see ``streams``)."""
-        return streams.infer_stream(self, request, call, trace)
-
-    @staticmethod
-    def _record(loaded: ModelVersion, reply: WorkerReply, batch: int, received: int) -> None:
-        t = reply.timings
-        if t is None:
-            return
-        now = time.monotonic_ns()
-        loaded.stats.record_request(
-            batch if loaded.validator.max_batch_size > 0 else 1,
-            now - received,
-            t.input_start - received,
-            t.infer_start - t.input_start,
-            t.infer_end - t.infer_start,
-            now - t.infer_end,
-        )
-
-    async def _run(
-        self, loaded: ModelVersion, request: InferRequest, *, keep: bool = False,
-        call: Call = NO_CALL, trace: Trace | None = None,
-    ) -> tuple[WorkerReply, int]:  # fmt: skip
-        """Check the request and run it on an instance: the reply, and the batch size.
-
-        The regions it names are checked first (as Triton does) and stay in use until it
-        is done, so that unregistering one meanwhile cannot unmap it under the model.
-        """
-        assert loaded.scheduler is not None
-        lease = call.lease if call.lease is not None else self.regions.lease(request)
-        try:
-            inputs, batch = loaded.validator.check(request)
-            outputs = [o.name for o in request.outputs]
-            job = loaded.scheduler.job(
-                request.id, inputs, outputs, request.parameters, batch, lease, keep=keep,
-                chain=list(call.chain), lend=call.lend,
-            )  # fmt: skip
-            if trace is not None:
-                job.item.trace_id = trace.id
-                trace.queued(request, job.enqueued_ns)
-            return await loaded.scheduler.run(job), batch
-        finally:
-            if lease is not None:
-                self.regions.release(lease)
-
-    # -- statistics and repository ------------------------------------------------------
+    # -- statistics and logging ---------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         if name:  # Triton's statistics refuse an unknown model or version as INVALID_ARG
             entry = self.manager.entry(name)

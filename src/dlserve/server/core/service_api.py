@@ -1,6 +1,7 @@
 """Two parts of the service's API that stand apart from inference: client shared-memory
-regions, and the model repository (index, load, unload). Mixed into
-:class:`dlserve.server.core.service.InferenceService`."""
+regions, and the model repository (index, load, unload). The service owns one of each
+(``InferenceService.shared_memory``, ``InferenceService.repository_api``), and the
+frontends reach them through it."""
 
 from __future__ import annotations
 
@@ -19,15 +20,14 @@ from dlserve.types import ModelState, Peer, RegionStatus, RepositoryEntry
 class SharedMemoryApi:
     """System and CUDA shared memory: register, unregister, status."""
 
-    regions: RegionRegistry
-    owners: RegionOwners
+    def __init__(self, regions: RegionRegistry, owners: RegionOwners) -> None:
+        self.regions = regions
+        self.owners = owners
 
-    def shm_status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
+    def status(self, name: str = "", cuda: bool = False) -> list[RegionStatus]:
         return self.regions.status(name, cuda)
 
-    async def register_shm(
-        self, name: str, key: str, offset: int, byte_size: int, peer: Peer
-    ) -> None:
+    async def register(self, name: str, key: str, offset: int, byte_size: int, peer: Peer) -> None:
         """Register the region; it belongs to the local process that asked, if one can be
         told (``server/core/shm/owners.py``), and is reclaimed when that process exits."""
         self.regions.check_new(name, peer)  # before the owner is looked for
@@ -35,7 +35,7 @@ class SharedMemoryApi:
         self.regions.register(name, key, offset, byte_size, peer, owners)
         self.owners.watch(owners)
 
-    async def register_cuda_shm(
+    async def register_cuda(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int, peer: Peer
     ) -> None:
         """Register a CUDA region once its handle is checked (off the event loop: the
@@ -50,19 +50,21 @@ class SharedMemoryApi:
         self.regions.add_cuda(name, raw_handle, device_id, byte_size, owners)
         self.owners.watch(owners)
 
-    def unregister_shm(self, name: str, peer: Peer, cuda: bool = False) -> None:
+    def unregister(self, name: str, peer: Peer, cuda: bool = False) -> None:
         """Unregister ``name``, or every region of the kind when it is ""."""
         self.regions.unregister(name, peer, cuda)
 
 
 class RepositoryApi:
-    """The repository extension: the index, and explicit load and unload."""
+    """The repository extension: the index, and explicit load and unload (only in the
+    explicit model control mode: ``control_mode`` is "none", "explicit" or "poll")."""
 
-    repository: Repository
-    manager: ModelManager
-    model_control_mode: str  # "none" | "explicit" | "poll"
+    def __init__(self, repository: Repository, manager: ModelManager, control_mode: str) -> None:
+        self.repository = repository
+        self.manager = manager
+        self.control_mode = control_mode
 
-    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+    def index(self, ready_only: bool = False) -> list[RepositoryEntry]:
         result: list[RepositoryEntry] = []
         for name in sorted(set(self.repository.model_names()) | set(self.manager.models)):
             entry = self.manager.entry(name)
@@ -74,12 +76,12 @@ class RepositoryApi:
         return result
 
     def _check_explicit(self) -> None:
-        if self.model_control_mode != "explicit":
+        if self.control_mode != "explicit":
             raise errors.UnavailableError(
                 "explicit model load / unload is not allowed if polling is enabled"
             )
 
-    async def load_model(
+    async def load(
         self, name: str, config_json: str | None = None, files: Mapping[str, bytes] | None = None
     ) -> None:
         """Load (or reload) ``name``: from the repository, or from ``files`` sent with the
@@ -87,7 +89,7 @@ class RepositoryApi:
         self._check_explicit()
         await self.manager.load(name, config_json, files)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload(self, name: str) -> None:
         self._check_explicit()
         await self.manager.unload(name)
 

@@ -1,7 +1,7 @@
-"""Requests over a stream (gRPC ModelStreamInfer, BLS into a decoupled model): one item per
-response. A decoupled model answers any number of times (its requests go through its
-scheduler, and its responses come as they are sent); any other model once, through
-``InferenceService.infer``.
+"""What a streamed request is made of (gRPC ModelStreamInfer, BLS into a decoupled model):
+its items, one per response, and the streams a model version has open (an unload waits
+for them, and ends those that do not end in time). The request itself goes through
+:mod:`dlserve.server.core.pipeline`.
 
 Also the types a BLS request brings through the core (:class:`Call`).
 """
@@ -9,25 +9,20 @@ Also the types a BLS request brings through the core (:class:`Call`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dlserve import errors
-from dlserve.server.core import classification
 from dlserve.server.core.instances.handle import WorkerHandle
 from dlserve.server.core.instances.replies import WorkerReply
 from dlserve.server.core.instances.streams import StreamReply, StreamSink
 from dlserve.server.core.shm.registry import RegionLease
-from dlserve.server.core.telemetry.stats import failure_reason
 from dlserve.types import InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
     from dlserve.server.core.models.manager import ModelVersion
-    from dlserve.server.core.service import InferenceService
-    from dlserve.server.core.telemetry.tracer import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,107 +49,9 @@ class StreamItem:
     model_version: str = ""
 
 
-async def infer_stream(
-    service: InferenceService, request: InferRequest, call: Call = NO_CALL,
-    trace: Trace | None = None,
-) -> AsyncGenerator[StreamItem, None]:  # fmt: skip
-    """Run a request over a stream: one item per response, the last one final. A model
-    that answers once gives one item; a decoupled model any number. Failures are items
-    (the stream goes on); leaving early marks the request cancelled in the model.
-    ``trace``: the request's trace, when it is traced (the caller releases it)."""
-    try:
-        loaded = service.version(request.model_name, request.model_version)
-        if not loaded.decoupled:
-            yield StreamItem(await service.infer(request, call, trace), None, True)
-            return
-        classes = classification.requested(request) if request.outputs else {}
-    except errors.DlserveError as exc:
-        yield StreamItem(None, exc, True)
-        return
-    decoupled = _run_decoupled(service, loaded, request, call, trace)
-    async with contextlib.aclosing(decoupled) as items:
-        async for item in items:
-            yield _classified(item, classes, loaded) if classes else item
-
-
-def _classified(item: StreamItem, classes: dict[str, int], loaded: ModelVersion) -> StreamItem:
-    """A decoupled model's response with the outputs asked for as classifications replaced."""
-    response = item.response
-    if response is None:
-        return item
-    batched = loaded.config.max_batch_size > 0
-    try:
-        outputs = classification.apply(response.outputs, classes, batched, loaded.labels)
-    except errors.DlserveError as exc:
-        return StreamItem(None, exc, item.final, item.model_version)
-    response = InferResponse(response.model_name, response.model_version, response.id,
-                             outputs, response.parameters)  # fmt: skip
-    return StreamItem(response, item.error, item.final, item.model_version)
-
-
-async def _run_decoupled(
-    service: InferenceService, loaded: ModelVersion, request: InferRequest, call: Call,
-    trace: Trace | None,
-) -> AsyncGenerator[StreamItem, None]:  # fmt: skip
-    """A decoupled model's request, through its scheduler like any other (queue policies,
-    priorities, one ``execute`` at a time per instance); its responses as they come."""
-    received = time.monotonic_ns()
-    if trace is not None:
-        trace.started(request.model_name, loaded.version, request.id, received)
-    lease = call.lease if call.lease is not None else service.regions.lease(request)
-    try:
-        inputs, batch = loaded.validator.check(request)
-        assert loaded.scheduler is not None
-        job = loaded.scheduler.job(
-            request.id, inputs, [o.name for o in request.outputs], request.parameters, batch,
-            lease, chain=list(call.chain), lend=call.lend,
-        )  # fmt: skip
-        if trace is not None:
-            job.item.trace_id = trace.id
-            trace.queued(request, job.enqueued_ns)
-        replies: asyncio.Queue[StreamReply] = asyncio.Queue()
-        sink = StreamSink(replies.put_nowait, call.lend)
-        worker, rid = await loaded.scheduler.run_stream(job, sink)
-        loaded.streams.open(id(sink), _cutter(sink, worker, rid))  # an unload waits for it
-        final = False
-        try:
-            while not final:
-                each = await replies.get()
-                worker.took(rid, sink, each)  # flow control: credit back to the model
-                final = each.final
-                if final and each.timings is not None:
-                    service._record(loaded, WorkerReply([], each.timings), 1, received)
-                item = _stream_item(loaded, request, each)
-                if trace is not None:
-                    _trace_response(trace, item, each)
-                yield item
-        finally:
-            loaded.streams.close(id(sink))
-            if not final:  # the consumer left: the model sees is_cancelled()
-                sink.abandoned = True
-                worker.cancel(rid)
-    except errors.DlserveError as exc:
-        loaded.stats.record_failure(time.monotonic_ns() - received, failure_reason(exc))
-        if trace is not None:
-            trace.stamp("REQUEST_END", time.monotonic_ns())
-        yield StreamItem(None, exc, True)
-    finally:
-        if lease is not None:
-            service.regions.release(lease)
-
-
-def _trace_response(trace: Trace, item: StreamItem, each: StreamReply) -> None:
-    """A decoupled response's outputs (TENSORS); with the final flag, the execution's
-    timestamps and the request's end."""
-    if item.response is not None:
-        trace.outputs(item.response.outputs)
-    if item.final:
-        if each.timings is not None:
-            trace.computed(WorkerReply([], each.timings), ())
-        trace.stamp("REQUEST_END", time.monotonic_ns())
-
-
-def _stream_item(loaded: ModelVersion, request: InferRequest, each: StreamReply) -> StreamItem:
+def stream_item(loaded: ModelVersion, request: InferRequest, each: StreamReply) -> StreamItem:
+    """The item of one of a decoupled model's responses (or its bare final flag, or its
+    failure)."""
     response = None
     if each.reply is not None:
         response = InferResponse(
@@ -195,7 +92,7 @@ class OpenStreams:
             cut(failure)
 
 
-def _cutter(
+def stream_cutter(
     sink: StreamSink, worker: WorkerHandle, rid: int
 ) -> Callable[[errors.DlserveError], None]:
     """How to end a stream early (its model is unloaded while its client reads too slowly):

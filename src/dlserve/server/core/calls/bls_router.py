@@ -1,16 +1,17 @@
 """Calls from model code (BLS): run as ordinary requests of the callee, answered in frames.
 
 A worker's BlsCall becomes an :class:`InferRequest` that goes through the same path as a
-client's (version lookup, validation, instance choice, statistics); its responses go
-back to the caller as BlsReply frames. The call chain (the instances upstream of the
-call, ``m.chain_entry``) travels with it: the callee's scheduler never gives it one of
-those instances (each waits for this call), and a call into a model whose every instance
-is in its chain is refused at once, since it could only wait for itself; any other call,
-a model calling itself included, is served. A call's ``timeout`` (microseconds, as
-Triton's) is the callee's request timeout, as a client's ``timeout`` is (its queue policy
-applies it; the model reads it in ``request.timeout()``); it also bounds the caller's
-wait: past it the caller gets Triton's "Request timeout expired", and the callee's
-request runs to its end (it may be reading the caller's memory), its answer dropped.
+client's (the request pipeline, ``server/core/pipeline.py``: version lookup, validation,
+instance choice, statistics); its responses go back to the caller as BlsReply frames. The
+call chain (the instances upstream of the call, ``m.chain_entry``) travels with it: the
+callee's scheduler never gives it one of those instances (each waits for this call), and a
+call into a model whose every instance is in its chain is refused at once, since it could
+only wait for itself; any other call, a model calling itself included, is served. A call's
+``timeout`` (microseconds, as Triton's) is the callee's request timeout, as a client's
+``timeout`` is (its queue policy applies it; the model reads it in ``request.timeout()``);
+it also bounds the caller's wait: past it the caller gets Triton's "Request timeout
+expired", and the callee's request runs to its end (it may be reading the caller's memory),
+its answer dropped.
 """
 
 from __future__ import annotations
@@ -222,10 +223,11 @@ class BlsRouter:
             if msg.op == "ready":
                 reply.ready = self.service.model_ready(msg.model_name, msg.model_version)
             elif msg.op == "load":
-                await self.service.load_model(msg.model_name, msg.config or None,
-                                              msg.files or None)  # fmt: skip
+                await self.service.repository_api.load(
+                    msg.model_name, msg.config or None, msg.files or None
+                )
             elif msg.op == "unload":
-                await self.service.unload_model(msg.model_name)
+                await self.service.repository_api.unload(msg.model_name)
             else:
                 raise errors.InvalidArgumentError(f"unknown model control call '{msg.op}'")
         except errors.DlserveError as exc:

@@ -239,46 +239,46 @@ class GrpcServicer:
     async def repository_index(self, request: Any, context: Any) -> Any:
         if request.repository_name:
             raise UnsupportedError("'repository_name' specification is not supported")
-        entries = self._service.repository_index(ready_only=request.ready)
+        entries = self._service.repository_api.index(ready_only=request.ready)
         return control.repository_index_response(entries)
 
     async def repository_model_load(self, request: Any, context: Any) -> Any:
         config_json, files = control.load_parameters(request)
-        await self._service.load_model(request.model_name, config_json, files or None)
+        await self._service.repository_api.load(request.model_name, config_json, files or None)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(self, request: Any, context: Any) -> Any:
         control.check_unload_request(request)
-        await self._service.unload_model(request.model_name)
+        await self._service.repository_api.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ------------------------------------------------------------------
     async def system_shm_status(self, request: Any, context: Any) -> Any:
-        return shm.status_response(self._service.shm_status(request.name))
+        return shm.status_response(self._service.shared_memory.status(request.name))
 
     async def system_shm_register(self, request: Any, context: Any) -> Any:
         peer = _register_peer(context)
-        await self._service.register_shm(
+        await self._service.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size, peer
         )
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def system_shm_unregister(self, request: Any, context: Any) -> Any:
-        self._service.unregister_shm(request.name, shm.peer_of(context.peer()))
+        self._service.shared_memory.unregister(request.name, shm.peer_of(context.peer()))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shm_status(self, request: Any, context: Any) -> Any:
-        return shm.cuda_status_response(self._service.shm_status(request.name, cuda=True))
+        return shm.cuda_status_response(self._service.shared_memory.status(request.name, cuda=True))
 
     async def cuda_shm_register(self, request: Any, context: Any) -> Any:
         peer = _register_peer(context)
-        await self._service.register_cuda_shm(
+        await self._service.shared_memory.register_cuda(
             request.name, request.raw_handle, request.device_id, request.byte_size, peer
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def cuda_shm_unregister(self, request: Any, context: Any) -> Any:
-        self._service.unregister_shm(request.name, shm.peer_of(context.peer()), cuda=True)
+        self._service.shared_memory.unregister(request.name, shm.peer_of(context.peer()), cuda=True)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings ---------------------------------------------------------

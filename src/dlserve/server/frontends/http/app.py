@@ -301,7 +301,7 @@ class HttpApp:
         ready = (await self._body(request, "repository index")).get("ready", False)
         if not isinstance(ready, bool):
             raise errors.InvalidArgumentError("Invalid value for 'ready': expected a boolean")
-        return _json(convert.repository_index_json(self.service.repository_index(ready)))
+        return _json(convert.repository_index_json(self.service.repository_api.index(ready)))
 
     async def load(self, request: Request) -> Response:
         parameters = (await self._body(request, "load model")).get("parameters", {})
@@ -316,7 +316,7 @@ class HttpApp:
             if not isinstance(value, str):
                 raise errors.InvalidArgumentError("Unable to parse 'config': expected a string")
             config = value
-        await self.service.load_model(request.path_params["model"], config, files or None)
+        await self.service.repository_api.load(request.path_params["model"], config, files or None)
         return Response(status_code=200, media_type="application/json")
 
     async def unload(self, request: Request) -> Response:
@@ -328,7 +328,7 @@ class HttpApp:
             raise errors.InvalidArgumentError(
                 "Unable to parse 'unload_dependents': expected a boolean"
             )
-        await self.service.unload_model(request.path_params["model"])
+        await self.service.repository_api.unload(request.path_params["model"])
         return Response(status_code=200, media_type="application/json")
 
     async def logging(self, request: Request) -> Response:

@@ -92,7 +92,7 @@ class SystemSharedMemoryRoutes:
         ]
 
     async def status(self, request: Request) -> Response:
-        regions = self.service.shm_status(request.path_params.get("region", ""))
+        regions = self.service.shared_memory.status(request.path_params.get("region", ""))
         body = [
             {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
             for r in regions
@@ -113,12 +113,12 @@ class SystemSharedMemoryRoutes:
             )
         offset, byte_size = _unsigned(body, "offset"), _unsigned(body, "byte_size")
         peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
-        await self.service.register_shm(name, key, offset, byte_size, peer)
+        await self.service.shared_memory.register(name, key, offset, byte_size, peer)
         return Response(status_code=200, media_type="application/json")
 
     async def unregister(self, request: Request) -> Response:
         name = request.path_params.get("region", "")
-        self.service.unregister_shm(name, peer_of(request.scope.get("client")))
+        self.service.shared_memory.unregister(name, peer_of(request.scope.get("client")))
         return Response(status_code=200, media_type="application/json")
 
 
@@ -130,7 +130,9 @@ class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
     prefix = "/v2/cudasharedmemory"
 
     async def status(self, request: Request) -> Response:
-        regions = self.service.shm_status(request.path_params.get("region", ""), cuda=True)
+        regions = self.service.shared_memory.status(
+            request.path_params.get("region", ""), cuda=True
+        )
         body = [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
                 for r in regions]  # fmt: skip
         return Response(self.encode(body), media_type="application/json")
@@ -153,12 +155,12 @@ class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
                 )
         byte_size, device_id = _unsigned(body, "byte_size"), _unsigned(body, "device_id")
         handle = _handle(raw["b64"])
-        await self.service.register_cuda_shm(name, handle, device_id, byte_size, peer)
+        await self.service.shared_memory.register_cuda(name, handle, device_id, byte_size, peer)
         return Response(status_code=200, media_type="application/json")
 
     async def unregister(self, request: Request) -> Response:
         name = request.path_params.get("region", "")
-        self.service.unregister_shm(name, peer_of(request.scope.get("client")), cuda=True)
+        self.service.shared_memory.unregister(name, peer_of(request.scope.get("client")), cuda=True)
         return Response(status_code=200, media_type="application/json")
 
 
