@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from dlserve.server.core.calls.ensemble import StepMemory, run_ensemble
 from dlserve.server.core.instances.lending import return_lent
-from dlserve.server.core.instances.replies import WorkerReply
 from dlserve.types import InferRequest, OutputTensor
 
 if TYPE_CHECKING:
@@ -58,8 +57,9 @@ async def _run_step(
     pipeline: RequestPipeline, parent: Trace | None, request: InferRequest, memory: StepMemory
 ) -> tuple[list[OutputTensor], Callable[[], None]]:
     """One ensemble step, counted in its model's statistics; its outputs stay in the
-    worker's memory (viewed, or lent) until the returned callable gives them back. A
-    traced ensemble request's step is traced as its child."""
+    worker's memory (viewed, or lent) until the returned callable gives them back (a cache
+    hit, ``reply`` None, holds nothing of a worker's). A traced ensemble request's step is
+    traced as its child."""
     trace = parent.child(request.model_name) if parent is not None else None
     try:
         loaded = pipeline.version(request.model_name, request.model_version)
@@ -67,21 +67,15 @@ async def _run_step(
             response = await pipeline.infer(request, trace=trace)
             return response.outputs, _nothing
         outputs, reply = await pipeline.step(loaded, request, memory, trace)
-        return outputs, _holding(reply, outputs)
     finally:
         if trace is not None:
             trace.release()
-
-
-def _holding(reply: WorkerReply | None, outputs: list[OutputTensor]) -> Callable[[], None]:
-    """How to give back what a step's outputs hold of a worker's memory (a cache hit,
-    ``reply`` None, holds nothing)."""
     release_held: Callable[[], None] = _nothing
     if reply is not None and reply.worker is not None and reply.held:
         release_held = functools.partial(reply.worker.release_outputs, reply.held)
     if not any(o.lent is not None for o in outputs):
-        return release_held
-    return functools.partial(_give_back, release_held, outputs)
+        return outputs, release_held
+    return outputs, functools.partial(_give_back, release_held, outputs)
 
 
 def _give_back(release_held: Callable[[], None], outputs: list[OutputTensor]) -> None:
