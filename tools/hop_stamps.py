@@ -47,7 +47,7 @@ STAMPS = [
         "before",
     ),
     ("worker/bls/direct_caller.py", "staged = [r.offset for r in refs", "call.fenced", "before"),
-    ("worker/bls/direct_caller.py", "infer = m.Infer(-self._link", "call.checked", "before"),
+    ("worker/bls/direct_caller.py", "infer = m.Infer(rid=-self._link", "call.checked", "before"),
     (
         "worker/bls/direct_caller.py",
         "return DirectCall(self, target, conn, sent",
