@@ -35,11 +35,7 @@ from dlserve.server.core.telemetry.tracer import Trace
 from dlserve.server.frontends.http import bodies, convert
 from dlserve.server.frontends.http.generate import GenerateEndpoint
 from dlserve.server.frontends.http.restrict import RouteGuard
-from dlserve.server.frontends.http.shm import (
-    CudaSharedMemoryRoutes,
-    SystemSharedMemoryRoutes,
-    peer_of,
-)
+from dlserve.server.frontends.http.shm import SharedMemoryRoutes, peer_of
 from dlserve.server.frontends.http.status_codes import error_body, error_reply
 from dlserve.server.frontends.requests import checked_version
 from dlserve.server.frontends.restrictions import Restrictions
@@ -251,8 +247,8 @@ class HttpApp:
             Route("/v2/repository/models/{model}/load", self.load, methods=post),
             Route("/v2/repository/models/{model}/unload", self.unload, methods=post),
             Route("/v2/logging", self.logging, methods=both),
-            *SystemSharedMemoryRoutes(self.service, self._body, convert.encode_json).routes(),
-            *CudaSharedMemoryRoutes(self.service, self._body, convert.encode_json).routes(),
+            *SharedMemoryRoutes(self.service, self._body, convert.encode_json, cuda=False).routes(),
+            *SharedMemoryRoutes(self.service, self._body, convert.encode_json, cuda=True).routes(),
         ]
 
     async def _raw_body(self, scope: Scope, receive: Receive) -> bytes:

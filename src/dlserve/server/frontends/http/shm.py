@@ -20,7 +20,7 @@ from starlette.routing import Route
 from dlserve import errors
 from dlserve.server.core.service import InferenceService
 from dlserve.tensors.cuda_ipc import HANDLE_SIZE
-from dlserve.types import Parameters, Peer, RegionRef
+from dlserve.types import Parameters, Peer, RegionRef, RegionStatus
 
 JsonObject = dict[str, Any]
 ReadJson = Callable[[Request, str], Awaitable[JsonObject]]
@@ -69,15 +69,23 @@ def peer_of(client: object, pid: str = "") -> Peer:
 # --- routes ----------------------------------------------------------------------------
 
 
-class SystemSharedMemoryRoutes:
-    """The routes, answered by the service; ``read_json`` reads a bounded JSON body."""
+class SharedMemoryRoutes:
+    """The routes of one kind of shared memory, answered by the service: system
+    (``/v2/systemsharedmemory``) or CUDA (``/v2/cudasharedmemory``), each
+    ``[/region/{name}]/status|register|unregister``; ``read_json`` reads a bounded JSON
+    body. The kinds differ in a status entry's fields and in what register takes; the
+    rest is one code path."""
 
-    def __init__(self, service: InferenceService, read_json: ReadJson, encode: Encode) -> None:
+    def __init__(
+        self, service: InferenceService, read_json: ReadJson, encode: Encode, *, cuda: bool
+    ) -> None:
         self.service = service
         self.read_json = read_json
         self.encode = encode
-
-    prefix = "/v2/systemsharedmemory"
+        self.cuda = cuda
+        self.prefix = "/v2/cudasharedmemory" if cuda else "/v2/systemsharedmemory"
+        self._entry = _cuda_entry if cuda else _system_entry
+        self._register = self._register_cuda if cuda else self._register_system
 
     def routes(self) -> list[Route]:
         get, post, prefix = ["GET"], ["POST"], self.prefix
@@ -92,16 +100,28 @@ class SystemSharedMemoryRoutes:
         ]
 
     async def status(self, request: Request) -> Response:
-        regions = self.service.shared_memory.status(request.path_params.get("region", ""))
-        body = [
-            {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
-            for r in regions
-        ]
+        regions = self.service.shared_memory.status(
+            request.path_params.get("region", ""), cuda=self.cuda
+        )
+        body = [self._entry(region) for region in regions]
         return Response(self.encode(body), media_type="application/json")
 
     async def register(self, request: Request) -> Response:
         name = request.path_params.get("region", "")
+        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
         body = await self.read_json(request, "shared memory register")
+        await self._register(name, body, peer)
+        return Response(status_code=200, media_type="application/json")
+
+    async def unregister(self, request: Request) -> Response:
+        name = request.path_params.get("region", "")
+        self.service.shared_memory.unregister(
+            name, peer_of(request.scope.get("client")), cuda=self.cuda
+        )
+        return Response(status_code=200, media_type="application/json")
+
+    async def _register_system(self, name: str, body: JsonObject, peer: Peer) -> None:
+        """``{"key", "offset", "byte_size"}`` (offset optional)."""
         key = body.get("key")
         if key is None:
             raise errors.InvalidArgumentError("Shared memory register request has no 'key' field")
@@ -112,35 +132,10 @@ class SystemSharedMemoryRoutes:
                 "Shared memory register request has no 'byte_size' field"
             )
         offset, byte_size = _unsigned(body, "offset"), _unsigned(body, "byte_size")
-        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
         await self.service.shared_memory.register(name, key, offset, byte_size, peer)
-        return Response(status_code=200, media_type="application/json")
 
-    async def unregister(self, request: Request) -> Response:
-        name = request.path_params.get("region", "")
-        self.service.shared_memory.unregister(name, peer_of(request.scope.get("client")))
-        return Response(status_code=200, media_type="application/json")
-
-
-class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
-    """``/v2/cudasharedmemory[/region/{name}]/status|register|unregister``: a status is a
-    JSON list of ``{"name", "device_id", "byte_size"}``; register takes
-    ``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}``."""
-
-    prefix = "/v2/cudasharedmemory"
-
-    async def status(self, request: Request) -> Response:
-        regions = self.service.shared_memory.status(
-            request.path_params.get("region", ""), cuda=True
-        )
-        body = [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
-                for r in regions]  # fmt: skip
-        return Response(self.encode(body), media_type="application/json")
-
-    async def register(self, request: Request) -> Response:
-        name = request.path_params.get("region", "")
-        peer = peer_of(request.scope.get("client"), request.headers.get(CLIENT_PID_HEADER, ""))
-        body = await self.read_json(request, "shared memory register")
+    async def _register_cuda(self, name: str, body: JsonObject, peer: Peer) -> None:
+        """``{"raw_handle": {"b64": ...}, "device_id", "byte_size"}``."""
         raw = body.get("raw_handle")
         if raw is None:
             raise errors.InvalidArgumentError(
@@ -156,12 +151,15 @@ class CudaSharedMemoryRoutes(SystemSharedMemoryRoutes):
         byte_size, device_id = _unsigned(body, "byte_size"), _unsigned(body, "device_id")
         handle = _handle(raw["b64"])
         await self.service.shared_memory.register_cuda(name, handle, device_id, byte_size, peer)
-        return Response(status_code=200, media_type="application/json")
 
-    async def unregister(self, request: Request) -> Response:
-        name = request.path_params.get("region", "")
-        self.service.shared_memory.unregister(name, peer_of(request.scope.get("client")), cuda=True)
-        return Response(status_code=200, media_type="application/json")
+
+def _system_entry(region: RegionStatus) -> JsonObject:
+    return {"name": region.name, "key": region.key, "offset": region.offset,
+            "byte_size": region.byte_size}  # fmt: skip
+
+
+def _cuda_entry(region: RegionStatus) -> JsonObject:
+    return {"name": region.name, "device_id": region.device_id, "byte_size": region.byte_size}
 
 
 def _handle(text: str) -> bytes:
