@@ -154,6 +154,20 @@ def _workers_of(mark: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.parametrize(("option", "protocol"), [("--grpc-port", "gRPC"), ("--http-port", "HTTP")])
+def test_a_taken_port_stops_the_server_with_the_reason(
+    tmp_path: Path, option: str, protocol: str
+) -> None:
+    """A listener that cannot start is fatal: exit status 1 and the address in the error."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _serve_until_exit(tmp_path, option, str(port))
+    assert done.returncode == 1, done.stderr
+    assert f"error: cannot listen for {protocol} on 127.0.0.1:{port}" in done.stderr
+
+
 def test_without_exit_on_error_the_other_models_serve(tmp_path: Path) -> None:
     repository = repository_of(tmp_path, EXAMPLES / "add_sub", TEST_MODELS / "bad_config")
     with run_server(repository, "--exit-on-error", "false") as server:

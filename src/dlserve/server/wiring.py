@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
 from dlserve.server.transport.grpc.listener import TlsOptions
 from dlserve.server.transport.http1.listener import HttpServer
+from dlserve.server.transport.listen_error import ListenError
 from dlserve.tensors import heap
 from dlserve.types import ModelState
 
@@ -133,7 +135,8 @@ class Server:
         if not self.options.model_repository.is_dir():
             raise FatalError(f"model repository {self.options.model_repository} is not a directory")
         if self.options.grpc_tls is not None:
-            self.options.grpc_tls.context()  # unreadable files fail before any model loads
+            with _fatal_if_cannot_listen():  # unreadable files fail before any model loads
+                self.options.grpc_tls.context()
         if self.options.mps:  # before any CUDA context: workers inherit the environment
             # on this (the main) thread: the daemon is told to die with the thread that
             # started it; starting takes milliseconds
@@ -142,6 +145,12 @@ class Server:
         await self.service.startup()
         if self.options.exit_on_error:
             self._stop_if_a_model_failed()
+        with _fatal_if_cannot_listen():
+            await self._listen()
+        self._report()
+
+    async def _listen(self) -> None:
+        """Open gRPC, HTTP and metrics, each on its port."""
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
@@ -152,7 +161,6 @@ class Server:
             self.ports["http_port"] = await self._http.start()
         if self._metrics is not None:
             self.ports["metrics_port"] = await self._metrics.start()
-        self._report()
 
     def _stop_if_a_model_failed(self) -> None:
         failed = [
@@ -196,6 +204,15 @@ class Server:
             await asyncio.to_thread(self._mps.stop)
             self._mps = None
         log.info("dlserve stopped")
+
+
+@contextlib.contextmanager
+def _fatal_if_cannot_listen() -> Iterator[None]:
+    """A listener that cannot start (the transports' ListenError) stops the server."""
+    try:
+        yield
+    except ListenError as exc:
+        raise FatalError(str(exc)) from None
 
 
 def _hosts(options: ServerOptions) -> dict[str, str]:

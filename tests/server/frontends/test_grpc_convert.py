@@ -16,12 +16,13 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc._utils import _get_inference_request
 
 from dlserve import errors
-from dlserve.errors import FatalError
 from dlserve.server.core.service import InferenceService
 from dlserve.server.core.telemetry.trace_settings import TraceSettings
 from dlserve.server.frontends.grpc import control, convert, health
 from dlserve.server.frontends.grpc.servicer import GrpcServicer, create_grpc_server
-from dlserve.server.frontends.grpc.status_codes import STATUS_CODES, RpcError, status_of
+from dlserve.server.frontends.grpc.status_codes import STATUS_CODES, status_of
+from dlserve.server.transport.grpc.status import RpcError
+from dlserve.server.transport.listen_error import ListenError
 from dlserve.types import (
     BatchStats,
     DurationStat,
@@ -548,7 +549,7 @@ def test_server_binds_a_free_port_and_refuses_a_taken_one() -> None:
         server = create_grpc_server(unused, "127.0.0.1", 0)
         port = await server.start()
         try:
-            with pytest.raises(FatalError, match=f"127.0.0.1:{port}"):
+            with pytest.raises(ListenError, match=f"127.0.0.1:{port}"):
                 await create_grpc_server(unused, "127.0.0.1", port).start()
         finally:
             await server.stop(None)

@@ -1,8 +1,9 @@
-"""dlserve's own gRPC server (frontends/grpc: h2, rpc, transport), driven by grpcio clients.
+"""dlserve's own gRPC server (server/transport: h2, grpc), driven by grpcio clients.
 
 A small method table (echo, a call that waits to be released, failures, a bidirectional
 stream) runs on a real server on a free port, on a uvloop loop in a thread; the tests
-call it with grpcio's own client, as tritonclient does. Handlers and tests meet on
+call it with grpcio's own client, as tritonclient does. The server is given its own
+mapping of failures to statuses, as the frontends give theirs. Handlers and tests meet on
 threading Events: nothing sleeps.
 """
 
@@ -22,16 +23,27 @@ import numpy as np
 import pytest
 import uvloop
 
-from dlserve.errors import FatalError, NotFoundError
+from dlserve.server.transport.grpc import status
 from dlserve.server.transport.grpc.calls import Context, Method, Parts
 from dlserve.server.transport.grpc.listener import GrpcServer
-from dlserve.server.transport.h2 import connection as h2
+from dlserve.server.transport.h2 import frames as h2
 from dlserve.server.transport.h2 import hpack_codec
+from dlserve.server.transport.listen_error import ListenError
 
 DEADLINE_S = 60.0
 FLOOD = 64  # responses of 1 MiB
 TENSOR = np.arange(3 * 50_000, dtype=np.float32).reshape(3, 50_000)
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+class NotFoundError(Exception):
+    """A failure of the server's own kind: its ``status_of`` knows it."""
+
+
+def status_of(exc: Exception) -> status.Status:
+    if isinstance(exc, NotFoundError):
+        return grpc.StatusCode.NOT_FOUND.value[0], str(exc)
+    return status.status_of(exc)
 
 
 class Probe:
@@ -117,7 +129,7 @@ def methods(probe: Probe) -> dict[str, Method]:
 def serving(uds_path: str | None = None) -> Iterator[tuple[GrpcServer, int, Probe]]:
     loop = uvloop.new_event_loop()
     probe = Probe(loop)
-    server = GrpcServer(methods(probe), "127.0.0.1", 0, uds_path)
+    server = GrpcServer(methods(probe), "127.0.0.1", 0, uds_path, status_of=status_of)
     probe.server = server
     port = loop.run_until_complete(server.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -285,7 +297,7 @@ def test_unix_socket(tmp_path: Any) -> None:
 
 
 def test_a_taken_port_is_an_error() -> None:
-    with serving() as (_, port, _), pytest.raises(FatalError, match=f"127.0.0.1:{port}"):
+    with serving() as (_, port, _), pytest.raises(ListenError, match=f"127.0.0.1:{port}"):
         asyncio.run(GrpcServer({}, "127.0.0.1", port).start())
 
 

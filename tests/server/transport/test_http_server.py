@@ -17,8 +17,9 @@ import pytest
 import tritonclient.http as httpclient
 import uvloop
 
-from dlserve.errors import FatalError
-from dlserve.server.transport.http1.listener import HIGH_WATER, HttpServer
+from dlserve.server.transport.http1.exchange import HIGH_WATER
+from dlserve.server.transport.http1.listener import HttpServer
+from dlserve.server.transport.listen_error import ListenError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -565,7 +566,7 @@ def test_cannot_bind_is_fatal(run: Run) -> None:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             port = taken.getsockname()[1]
-            with pytest.raises(FatalError, match=f"cannot listen for HTTP on 127.0.0.1:{port}"):
+            with pytest.raises(ListenError, match=f"cannot listen for HTTP on 127.0.0.1:{port}"):
                 await HttpServer(echo, "127.0.0.1", port).start()
 
     run(scenario())

@@ -1,8 +1,8 @@
 """Triton's ``inference.GRPCInferenceService``, answered by the InferenceService.
 
 Every RPC translates its message (``convert``), asks the service, and
-translates the answer back; failures become gRPC statuses (``errors.status_of``, applied
-by the transport, ``rpc.py``).
+translates the answer back; failures become gRPC statuses (``status_codes.status_of``,
+which the transport is given and applies).
 ModelInfer and ModelStreamInfer take and return the bytes gRPC moves, so
 that tensor bytes are never copied by protobuf (see ``convert``).
 """
@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, Final
 
+import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.errors import (
@@ -28,18 +29,25 @@ from dlserve.errors import (
 from dlserve.server.core.service import InferenceService
 from dlserve.server.core.telemetry.tracer import Trace
 from dlserve.server.frontends.grpc import control, convert, health, shm
-from dlserve.server.frontends.grpc.status_codes import error_message
+from dlserve.server.frontends.grpc.status_codes import error_message, status_of
 from dlserve.server.frontends.requests import checked_version, of_inference
-from dlserve.server.frontends.restrictions import GRPC_METHOD_GROUPS, Restrictions, group_of
-from dlserve.server.transport.grpc.calls import Context, Method, Parts
+from dlserve.server.frontends.restrictions import (
+    GRPC_METHOD_GROUPS,
+    Restriction,
+    Restrictions,
+    group_of,
+)
+from dlserve.server.transport.grpc.calls import Context, Guard, Method, Parts
 from dlserve.server.transport.grpc.listener import GrpcServer, TlsOptions
 from dlserve.server.transport.grpc.outbox import Outbox
+from dlserve.server.transport.grpc.status import Status
 from dlserve.types import InferRequest, Peer
 
 log = logging.getLogger("dlserve.grpc")
 
 SERVICE_NAME: Final = "inference.GRPCInferenceService"
 STREAM_WINDOW: Final = 64  # requests of one stream in flight at once
+UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]  # a restricted call refused
 
 EMPTY_FINAL: Final = "triton_enable_empty_final_response"  # a request parameter
 GRPC_ERROR_HEADER: Final = "triton_grpc_error"  # "true": an error of inference ends a stream
@@ -357,12 +365,22 @@ def method_handlers(s: GrpcServicer) -> dict[str, Method]:
 
 
 def restrict(methods: dict[str, Method], restrictions: Restrictions) -> dict[str, Method]:
-    """``methods`` with each restricted group's header attached to its methods."""
+    """``methods`` with each restricted group's header check as their guard."""
     out = {}
     for path, method in methods.items():
         restriction = restrictions.get(group_of(GRPC_METHOD_GROUPS, path))
-        out[path] = method if restriction is None else replace(method, restriction=restriction)
+        out[path] = method if restriction is None else replace(method, guard=_guard(restriction))
     return out
+
+
+def _guard(restriction: Restriction) -> Guard:
+    """A call without the group's header ends UNAVAILABLE with Triton's message."""
+    refusal: Status = (UNAVAILABLE, restriction.grpc_message)
+
+    def guard(headers: list[tuple[str, str]]) -> Status | None:
+        return None if restriction.allows(headers) else refusal
+
+    return guard
 
 
 def create_grpc_server(
@@ -373,4 +391,4 @@ def create_grpc_server(
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
     replaced); ``restrictions``: groups of methods that only calls with a header may use."""
     methods = restrict(method_handlers(GrpcServicer(service)), restrictions or {})
-    return GrpcServer(methods, host, port, uds_path, tls, service.trace)
+    return GrpcServer(methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of)

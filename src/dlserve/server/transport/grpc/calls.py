@@ -1,6 +1,7 @@
 """A gRPC call's parts (``rpc.py`` runs them): the method table's entries, what a handler
 may ask about its call, a call's state, and the small codecs of gRPC's headers (status
-trailers, timeouts, peers)."""
+trailers, timeouts, peers). A method's entry carries what is its server's own: the
+handler, its message codecs, and a ``Guard`` its calls' headers must pass."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from dlserve.server.frontends.restrictions import Restriction
-from dlserve.server.transport.h2 import connection as h2
+from dlserve.server.transport.grpc.status import Status
 from dlserve.server.transport.h2 import hpack_codec
+from dlserve.server.transport.h2.hpack_codec import Headers
 
 if TYPE_CHECKING:
     from dlserve.server.transport.timing import Traced
@@ -30,6 +31,9 @@ END: Final = object()  # the client has sent its last message
 Parts = tuple[list[bytes | memoryview], int]  # a message as pieces, and its size
 Unary = Callable[[Any, "Context"], Awaitable[Any]]
 Streaming = Callable[[AsyncIterator[Any], "Context"], AsyncIterator[Any]]
+# a condition on a call's headers, checked before its handler runs (say, that a header
+# carries a key): None lets the call in, a status refuses it
+Guard = Callable[[Headers], Status | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +44,7 @@ class Method:
     streaming: bool = False
     deserialize: Callable[[memoryview], Any] | None = None
     serialize: Callable[[Any], bytes] | None = None
-    restriction: Restriction | None = None  # the header its calls must carry, if any
+    guard: Guard | None = None
 
 
 class Context:
@@ -48,7 +52,7 @@ class Context:
 
     __slots__ = ("_headers", "_peer", "_peer_pid", "opened_ns", "trace")
 
-    def __init__(self, peer: str, headers: h2.Headers, peer_pid: int | None) -> None:
+    def __init__(self, peer: str, headers: Headers, peer_pid: int | None) -> None:
         self._peer = peer
         self._headers = headers
         self._peer_pid = peer_pid

@@ -1,11 +1,15 @@
-"""dlserve's gRPC server: listens on TCP (and a Unix socket), runs calls of a method table.
+"""The gRPC server: listens on TCP (and a Unix socket) and runs calls of a method table
+(``rpc.py`` serves each connection).
 
-TCP may be TLS (``TlsOptions``: Triton's ``--grpc-use-ssl`` options); the Unix socket,
-for local clients, is not.
+TCP may be TLS (``TlsOptions``: a certificate and key, and for mutual TLS the root
+clients' certificates chain to); the Unix socket, for local clients, is not. The caller
+gives what is its own: the method table, how a handler's failure becomes a gRPC status
+(``status_of``), and whether tracing wants a call's arrival time (``timing``). A listener
+that cannot start raises ``ListenError``.
 
-It replaces grpc.aio's server (see ``h2.py`` for why). ``stop`` is a graceful
-shutdown as gRPC servers do it: GOAWAY to every client (no new calls), the calls in
-flight finish, then connections close; after ``timeout`` the rest are cancelled.
+``stop`` is a graceful shutdown as gRPC servers do it: GOAWAY to every client (no new
+calls), the calls in flight finish, then connections close; after ``timeout`` the rest
+are cancelled.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dlserve.errors import FatalError
 from dlserve.server.transport.grpc.calls import Method
 from dlserve.server.transport.grpc.rpc import GrpcConnection
+from dlserve.server.transport.grpc.status import StatusOf, status_of
+from dlserve.server.transport.listen_error import ListenError
 from dlserve.server.transport.timing import NEVER, Timing
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled calls get to unwind when stop() runs out of time
@@ -28,8 +33,8 @@ _CANCEL_GRACE_S = 1.0  # how long cancelled calls get to unwind when stop() runs
 
 @dataclass(frozen=True, slots=True)
 class TlsOptions:
-    """gRPC over TLS, with Triton's options: the server's certificate and key, and for
-    mutual TLS the root certificate that clients' certificates must chain to."""
+    """gRPC over TLS: the server's certificate and key, and for mutual TLS the root
+    certificate that clients' certificates must chain to."""
 
     server_cert: str
     server_key: str
@@ -37,27 +42,28 @@ class TlsOptions:
     mutual: bool = False
 
     def context(self) -> ssl.SSLContext:
+        if self.mutual and self.root_cert is None:
+            raise ListenError("cannot set up TLS for gRPC: mutual TLS needs a root certificate")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.set_alpn_protocols(["h2"])  # gRPC clients insist on it
         try:
             context.load_cert_chain(self.server_cert, self.server_key)
-            if self.mutual:
-                if self.root_cert is None:
-                    raise FatalError("--grpc-use-ssl-mutual needs --grpc-root-cert")
+            if self.mutual and self.root_cert is not None:
                 context.load_verify_locations(self.root_cert)
                 context.verify_mode = ssl.CERT_REQUIRED
         except (OSError, ssl.SSLError) as exc:
-            raise FatalError(f"cannot set up TLS for gRPC: {exc}") from None
+            raise ListenError(f"cannot set up TLS for gRPC: {exc}") from None
         return context
 
 
 class GrpcServer:
     def __init__(
         self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
-        tls: TlsOptions | None = None, timing: Timing = NEVER,
+        tls: TlsOptions | None = None, timing: Timing = NEVER, status_of: StatusOf = status_of,
     ) -> None:  # fmt: skip
         self.methods = methods  # by path: "/inference.GRPCInferenceService/ModelInfer"
         self.timing = timing  # tracing on: calls note when they opened
+        self.status_of = status_of  # how a handler's failure ends its call
         self.host = host
         self.port = port
         self.uds_path = uds_path
@@ -79,7 +85,7 @@ class GrpcServer:
             )  # fmt: skip
         except OSError as exc:
             address = f"{self.host}:{self.port}"
-            raise FatalError(
+            raise ListenError(
                 f"cannot listen for gRPC on {address}: {exc.strerror or exc}"
             ) from None
         self._servers.append(server)
@@ -92,7 +98,7 @@ class GrpcServer:
             except OSError as exc:
                 await self.stop(0)
                 where = f"unix:{self.uds_path}"
-                raise FatalError(
+                raise ListenError(
                     f"cannot listen for gRPC on {where}: {exc.strerror or exc}"
                 ) from None
             self._servers.append(unix)
@@ -134,13 +140,13 @@ def _remove_stale_socket(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(mode):
-        raise FatalError(f"cannot listen for gRPC on unix:{path}: not a socket")
+        raise ListenError(f"cannot listen for gRPC on unix:{path}: not a socket")
     probe = socket.socket(socket.AF_UNIX)
     try:
         probe.connect(path)
     except OSError:
         os.unlink(path)  # nobody listens there
     else:
-        raise FatalError(f"cannot listen for gRPC on unix:{path}: another server listens there")
+        raise ListenError(f"cannot listen for gRPC on unix:{path}: another server listens there")
     finally:
         probe.close()

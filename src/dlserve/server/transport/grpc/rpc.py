@@ -1,4 +1,5 @@
-"""gRPC over HTTP/2 (``h2.py``): calls, length-prefixed messages, status, deadlines.
+"""gRPC over HTTP/2 (``h2/connection.py``): calls, length-prefixed messages, status,
+deadlines.
 
 One :class:`GrpcConnection` per client connection; each stream is a call of a
 :class:`Method` from the server's table: unary (one message in, one out) or streaming
@@ -8,6 +9,15 @@ response (headers, message, trailers) leaves in one write. What gRPC over HTTP/2
 DEADLINE_EXCEEDED and cancels its handler; a client's RST_STREAM or a lost connection
 cancels it; messages compressed with gzip or deflate are accepted; errors are
 "trailers-only" responses with ``grpc-status`` and a percent-encoded ``grpc-message``.
+A handler's failure becomes a status through the server's ``status_of``; a method's
+``guard`` may refuse a call from its headers before its handler runs.
+
+``GrpcConnection`` subclasses the HTTP/2 ``Connection`` because it is one: an HTTP/2
+connection whose streams are calls. It answers the connection's stream callbacks, which
+run per frame as its own methods (no handler object to reach through on each DATA frame),
+and uses the connection's public sending calls; it touches none of its state. Like the
+connection, it is driven by bytes in and writes bytes out, so a test runs calls on it
+without a socket (it needs an event loop: handlers are tasks).
 """
 
 from __future__ import annotations
@@ -18,15 +28,8 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
-import grpc
 import numpy as np
 
-from dlserve.server.frontends.grpc.status_codes import (
-    CANCELLED,
-    DEADLINE_EXCEEDED,
-    RpcError,
-    status_of,
-)
 from dlserve.server.transport.grpc.calls import (
     END,
     Call,
@@ -39,17 +42,25 @@ from dlserve.server.transport.grpc.calls import (
     peer_pid_of,
     trailers,
 )
-from dlserve.server.transport.h2 import connection as h2
+from dlserve.server.transport.grpc.status import (
+    CANCELLED,
+    DEADLINE_EXCEEDED,
+    INTERNAL,
+    OK,
+    RESOURCE_EXHAUSTED,
+    UNIMPLEMENTED,
+    Status,
+)
 from dlserve.server.transport.h2 import hpack_codec
+from dlserve.server.transport.h2.connection import Connection
+from dlserve.server.transport.h2.frames import END_HEADERS, HEADERS, HIGH_WATER, frame
+from dlserve.server.transport.h2.hpack_codec import Headers
 
 if TYPE_CHECKING:
     from dlserve.server.transport.grpc.listener import GrpcServer
 
 
-OK, UNIMPLEMENTED = 0, grpc.StatusCode.UNIMPLEMENTED.value[0]
-UNAVAILABLE: Final = grpc.StatusCode.UNAVAILABLE.value[0]
-RESOURCE_EXHAUSTED: Final = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-MAX_MESSAGE: Final = 2**31 - 1  # as Triton: protobuf's own limit
+MAX_MESSAGE: Final = 2**31 - 1  # protobuf's own limit
 _TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
 _HEAD_BLOCK: Final = hpack_codec.encode((
     (b":status", b"200"), (b"content-type", b"application/grpc"),
@@ -58,13 +69,16 @@ _HEAD_BLOCK: Final = hpack_codec.encode((
 _OK_TRAILERS: Final = hpack_codec.encode(((b"grpc-status", b"0"),))
 
 
-class GrpcConnection(h2.Connection):
+class GrpcConnection(Connection):
+    """One client connection of a :class:`GrpcServer`; its streams are calls."""
+
     def __init__(self, server: GrpcServer) -> None:
         super().__init__()
         self.server = server
         self.calls: dict[int, Call] = {}
         self._peer = ""
         self._peer_pid: int | None = None
+        self._status_of = server.status_of
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,7 +97,7 @@ class GrpcConnection(h2.Connection):
         self.server.check_drained()
 
     # -- a call begins ------------------------------------------------------------------
-    def stream_opened(self, stream_id: int, headers: h2.Headers, end_stream: bool) -> None:
+    def stream_opened(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
         fields = dict(headers)
         method = self.server.methods.get(fields.get(":path", ""))
         if method is None or fields.get(":method") != "POST":
@@ -93,8 +107,8 @@ class GrpcConnection(h2.Connection):
         if not fields.get("content-type", "").startswith("application/grpc"):
             self._refuse(stream_id, UNIMPLEMENTED, "not a gRPC request", end_stream)
             return
-        if method.restriction is not None and not method.restriction.allows(headers):
-            self._refuse(stream_id, UNAVAILABLE, method.restriction.grpc_message, end_stream)
+        if method.guard is not None and (refusal := method.guard(headers)) is not None:
+            self._refuse(stream_id, *refusal, end_stream)
             return
         call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
                     fields.get("grpc-encoding", "identity"))  # fmt: skip
@@ -163,27 +177,12 @@ class GrpcConnection(h2.Connection):
 
     def _message(self, call: Call, flag: int, message: memoryview) -> None:
         if flag:
-            try:
-                message = memoryview(self._decompress(call.encoding, message))
-            except RpcError as exc:
-                self._finish(call, *status_of(exc))
+            inflated = decompress(call.encoding, message)
+            if isinstance(inflated, tuple):
+                self._finish(call, *inflated)
                 return
+            message = memoryview(inflated)
         self._deliver(call, message)
-
-    @staticmethod
-    def _decompress(encoding: str, message: memoryview) -> bytes:
-        try:
-            if encoding == "gzip":
-                return zlib.decompress(message, 16 + zlib.MAX_WBITS)
-            if encoding == "deflate":
-                return zlib.decompress(message)
-        except zlib.error as exc:
-            raise RpcError(
-                grpc.StatusCode.INTERNAL, f"cannot decompress the message: {exc}"
-            ) from None
-        raise RpcError(
-            grpc.StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported"
-        )
 
     def _deliver(self, call: Call, item: Any) -> None:
         if call.method.streaming:
@@ -209,22 +208,21 @@ class GrpcConnection(h2.Connection):
             if item is END:
                 return
             call.inbox_bytes -= len(item)
-            if call.inbox_bytes <= h2.HIGH_WATER:
+            if call.inbox_bytes <= HIGH_WATER:
                 self.give_back(call.stream_id)
             yield deserialize(item) if deserialize is not None else item
 
     def holding(self, stream_id: int) -> bool:
         call = self.calls.get(stream_id)
-        return call is not None and call.inbox_bytes > h2.HIGH_WATER
+        return call is not None and call.inbox_bytes > HIGH_WATER
 
     # -- running a call -----------------------------------------------------------------
     async def _run_unary(self, call: Call, request: memoryview | None) -> None:
         method = call.method
+        if request is None:
+            self._finish(call, UNIMPLEMENTED, "a unary call needs exactly one request message")
+            return
         try:
-            if request is None:
-                raise RpcError(
-                    grpc.StatusCode.UNIMPLEMENTED, "a unary call needs exactly one request message"
-                )
             handler: Unary = method.handler  # type: ignore[assignment]
             arg = method.deserialize(request) if method.deserialize is not None else request
             response = await handler(arg, call.context)
@@ -234,7 +232,7 @@ class GrpcConnection(h2.Connection):
             self._release_trace(call.context)
             raise
         except Exception as exc:
-            self._finish(call, *status_of(exc))
+            self._finish(call, *self._status_of(exc))
             self._release_trace(call.context)
         else:
             trace = call.context.trace
@@ -263,7 +261,7 @@ class GrpcConnection(h2.Connection):
             self._finish(call, CANCELLED, "Cancelled")
             raise
         except Exception as exc:
-            self._finish(call, *status_of(exc))
+            self._finish(call, *self._status_of(exc))
         else:
             self._finish(call, OK, "")
 
@@ -272,7 +270,7 @@ class GrpcConnection(h2.Connection):
         head = b""
         if not call.started:
             call.started = True
-            head = h2.frame(h2.HEADERS, h2.END_HEADERS, call.stream_id, _HEAD_BLOCK)
+            head = frame(HEADERS, END_HEADERS, call.stream_id, _HEAD_BLOCK)
         if isinstance(payload, tuple):
             pieces, size = payload
         else:
@@ -317,3 +315,15 @@ class GrpcConnection(h2.Connection):
         if call is not None:
             self._cancel(call)
             self.server.check_drained()
+
+
+def decompress(encoding: str, message: memoryview) -> bytes | Status:
+    """A compressed message's bytes, or the status its call ends with."""
+    try:
+        if encoding == "gzip":
+            return zlib.decompress(message, 16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            return zlib.decompress(message)
+    except zlib.error as exc:
+        return INTERNAL, f"cannot decompress the message: {exc}"
+    return UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported"

@@ -1,9 +1,7 @@
 """A small HTTP/1.1 server for ASGI apps, on asyncio (or uvloop) and httptools.
 
-It replaces uvicorn: about 15-30 us less server CPU per request (tritonclient.http
-against a canned-response app on a 2-core VM: 50-95 us under uvicorn, 38-68 us here,
-10-20 us for a bare asyncio.Protocol that parses nothing; what remains is httptools'
-callbacks, the request's Task and the ASGI coroutines). What makes it cheaper:
+It replaces uvicorn, with less server CPU per request and one write per response
+(docs/benchmarks.md). What makes it cheaper:
 
 - one Task per request and nothing else: no queue, no Event; ``receive`` only creates a
   future when it really has to wait;
@@ -15,11 +13,12 @@ callbacks, the request's Task and the ASGI coroutines). What makes it cheaper:
   second, a header's CR/LF check is two ``bytes.count`` over all of them.
 
 What it keeps: keep-alive, pipelining answered in order, request bodies streamed to the
-app with flow control (reading pauses above ``HIGH_WATER`` buffered bytes), chunked
-bodies both ways, HEAD, ``Expect: 100-continue``, ``http.disconnect``, and a body the
-app answered early (say a 400 on its Content-Length) discarded as it arrives, so the
+app with flow control (reading pauses above ``exchange.HIGH_WATER`` buffered bytes),
+chunked bodies both ways, HEAD, ``Expect: 100-continue``, ``http.disconnect``, and a body
+the app answered early (say a 400 on its Content-Length) discarded as it arrives, so the
 connection stays usable. The per-connection protocol is ``connection.py``; the
-request/response cycle ``exchange.py``.
+request/response cycle ``exchange.py``. A listener that cannot start raises
+``ListenError``.
 """
 
 from __future__ import annotations
@@ -28,12 +27,10 @@ import asyncio
 import time
 from email.utils import formatdate
 
-from dlserve.errors import FatalError
 from dlserve.server.transport.http1.connection import Connection
-from dlserve.server.transport.http1.exchange import HIGH_WATER, App
+from dlserve.server.transport.http1.exchange import App
+from dlserve.server.transport.listen_error import ListenError
 from dlserve.server.transport.timing import NEVER, Timing
-
-__all__ = ["HIGH_WATER", "App", "HttpServer"]
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled apps get to unwind when stop() runs out of time
 
@@ -78,7 +75,7 @@ class HttpServer:
             )
         except OSError as exc:
             reason = exc.strerror or str(exc)
-            raise FatalError(
+            raise ListenError(
                 f"cannot listen for HTTP on {self.host}:{self.port}: {reason}"
             ) from None
         self._tick()
