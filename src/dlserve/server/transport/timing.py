@@ -1,7 +1,7 @@
-"""What the transports ask before they take a request's arrival time: whether tracing is on
-(``server/core/telemetry/trace_settings.py``'s ``TraceSettings.active``). With tracing off a
-request costs one
-attribute check here and no clock read."""
+"""What the transports ask of tracing, as protocols the server's tracing meets: whether it
+is on before they take a request's arrival time (``Timing``; the server gives its trace
+settings), and a request's trace, whose response sending a gRPC call stamps (``Traced``).
+With tracing off a request costs one attribute check here and no clock read."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Final, Protocol
 
 
 class Timing(Protocol):
+    """Whether tracing is on now."""
+
     @property
     def active(self) -> bool: ...
 
@@ -21,8 +23,8 @@ NEVER: Final[Timing] = _Never()
 
 
 class Traced(Protocol):
-    """A request's trace as a transport sees it (``server/core/telemetry/tracer.py``'s ``Trace``):
-    it stamps the sending of the response, then releases it."""
+    """A request's trace as a transport sees it: it stamps the sending of the response,
+    then releases it."""
 
     def stamp(self, name: str, ns: int) -> None: ...
 

@@ -1,10 +1,10 @@
-"""The messages of one ModelStreamInfer call on their way to the transport.
+"""The response messages of one streaming call on their way to its connection, bounded.
 
-The transport (``rpc.py``) stops taking messages while more than 4 MiB wait for a slow
-reader; without a bound here the responses of the call's requests would pile up in
-between. Producers (one task per request of the stream) wait while ``limit`` bytes are
-queued, so they stop taking responses from the core, whose flow control then holds the
-model's ``send()`` (see ``ipc.messages.WINDOW_RESPONSES``).
+The connection (``rpc.py``) stops taking a call's messages while more than 4 MiB wait for
+a slow reader; where several producers answer one call (the frontends' ModelStreamInfer
+runs a task per request of the stream), an unbounded queue between them and the call
+would grow instead. Producers wait while ``limit`` bytes are queued, so they stop taking
+work from upstream, whose own flow control then holds back what feeds it.
 """
 
 from __future__ import annotations

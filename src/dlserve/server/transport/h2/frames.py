@@ -1,5 +1,6 @@
-"""HTTP/2 frames as ``h2.py`` reads and writes them: the frame types, flags and error
-codes it uses (RFC 9113), its limits and settings, and one stream's state."""
+"""HTTP/2 frames as ``connection.py`` reads them and ``sending.py`` writes them: the frame
+types, flags and error codes they use (RFC 9113), their limits and settings, and one
+stream's state."""
 
 from __future__ import annotations
 
@@ -7,22 +8,18 @@ import asyncio
 from collections import deque
 from typing import Final
 
-from dlserve.server.transport.h2 import hpack_codec
-
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
 WINDOW_UPDATE, CONTINUATION = 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
-CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x9, 0xB
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
 
 MAX_WINDOW: Final = 2**31 - 1
 MAX_FRAME: Final = 2**24 - 1  # the largest frame the client may send us
 MAX_HEADER_BLOCK: Final = 2**20  # gRPC's own default limit on metadata is 8 KiB
 HIGH_WATER: Final = 4 * 2**20  # queued bytes of a stream past which its producer waits
 STREAM_WINDOW: Final = 16 * 2**20  # what a client may send on a stream before we take it
-
-Headers = hpack_codec.Headers
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:

@@ -1,11 +1,10 @@
-"""HPACK (RFC 7541) for dlserve's HTTP/2 server: a decoder with a dynamic table, and an
-encoder that needs none.
+"""HPACK (RFC 7541) for the HTTP/2 connection: a decoder with a dynamic table, and an
+encoder that needs none. Pure: bytes in, header lists out.
 
-The ``hpack`` package's Decoder cost about 40 us per request (a gRPC call's eight or so
-headers, each through several Python objects); this one decodes the same block in a
-few, and a block it has decoded before, with the table unchanged since, in one lookup
-(a gRPC client sends the same indexed block call after call). Huffman-coded strings
-are decoded by ``hpack``'s table.
+The ``hpack`` package's Decoder takes each of a gRPC call's eight or so headers through
+several Python objects; this one decodes a block in one pass, and a block it has decoded
+before, with the table unchanged since, in one lookup (a gRPC client sends the same
+indexed block call after call). Huffman-coded strings are decoded by ``hpack``'s table.
 """
 
 from __future__ import annotations

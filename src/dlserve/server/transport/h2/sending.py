@@ -1,12 +1,15 @@
-"""The sending side of an HTTP/2 connection (mixed into ``h2.Connection``): DATA goes out
-as the client's windows allow, the rest of a stream waits in its queue, and a producer may
-wait while more than ``HIGH_WATER`` bytes of its stream are queued."""
+"""The sending side of an HTTP/2 connection, an object its ``Connection`` owns: DATA goes
+out as the client's windows allow, the rest of a stream waits in its queue, and a producer
+may wait while more than ``HIGH_WATER`` bytes of its stream are queued.
+
+It writes to an :class:`Output` (asyncio's transport, or a test's recorder) and never
+reads: the connection tells it what the client's frames changed (windows, settings)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import cast
+from typing import Protocol, cast
 
 from dlserve.server.transport.h2.frames import (
     END_HEADERS,
@@ -20,18 +23,31 @@ from dlserve.server.transport.h2.frames import (
 )
 
 
-class Sending:
-    """Mixed into Connection, which provides these."""
+class Output(Protocol):
+    """Where a connection's bytes go: an asyncio transport has these three."""
 
-    transport: asyncio.Transport | None
-    streams: dict[int, StreamState]
-    _send_window: int
-    _peer_max_frame: int
-    _blocked: dict[int, StreamState]
+    def write(self, data: bytes, /) -> None: ...
 
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
+    def writelines(self, data: list[bytes | memoryview], /) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Sender:
+    """What a connection sends, within the windows the client gives."""
+
+    __slots__ = ("blocked", "max_frame", "output", "streams", "window")
+
+    def __init__(self, streams: dict[int, StreamState]) -> None:
+        self.output: Output | None = None  # None before the connection is made and after
+        self.streams = streams  # the connection's open streams: the same dict
+        self.window = 65535  # the connection's window for what we send
+        self.max_frame = 16384  # the client's SETTINGS_MAX_FRAME_SIZE
+        self.blocked: dict[int, StreamState] = {}  # streams waiting for window
+
+    def write(self, data: bytes) -> None:
+        if self.output is not None:
+            self.output.write(data)
 
     def send(
         self, stream_id: int, head: bytes, data: Sequence[memoryview | bytes] = (),
@@ -41,22 +57,21 @@ class Sending:
         ``data`` as DATA frames as the windows allow, then ``tail`` (a header block, sent
         as trailers with END_STREAM). The stream ends with ``tail``."""
         stream = self.streams.get(stream_id)
-        if stream is None or stream.ended or self.transport is None:
+        if stream is None or stream.ended or self.output is None:
             return
         data = [bytes_view(piece) for piece in data]
         size = sum(len(piece) for piece in data)
-        if not stream.out and size <= min(self._send_window, stream.send_window,
-                                          self._peer_max_frame):  # fmt: skip
+        if not stream.out and size <= min(self.window, stream.send_window, self.max_frame):
             out: list[bytes | memoryview] = [head] if head else []
             if size:
-                self._send_window -= size
+                self.window -= size
                 stream.send_window -= size
                 out.append((size << 48 | stream_id).to_bytes(9, "big"))  # a DATA frame
                 out.extend(data)
             if tail is not None:
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail))
                 self._end(stream)
-            self.transport.writelines(out)
+            self.output.writelines(out)
             return
         if head:
             stream.out.append((head,))
@@ -64,13 +79,13 @@ class Sending:
         stream.queued += size
         if tail is not None:
             stream.out.append((frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail),))
-        self._flush(stream)
+        self.flush(stream)
 
     async def drained(self, stream_id: int) -> None:
         """Wait while more than ``HIGH_WATER`` bytes of the stream wait for the client's
         window: a producer (a streaming call's responses) goes no faster than its reader."""
         stream = self.streams.get(stream_id)
-        while stream is not None and stream.queued > HIGH_WATER and self.transport is not None:
+        while stream is not None and stream.queued > HIGH_WATER and self.output is not None:
             stream.drain_waiter = asyncio.get_running_loop().create_future()
             await stream.drain_waiter
 
@@ -78,16 +93,17 @@ class Sending:
         """After the response has gone: tell a client still sending that we need no more
         (RST_STREAM NO_ERROR, RFC 9113 8.1). Not while the response still waits for window."""
         if stream_id not in self.streams:
-            self._write(frame(RST_STREAM, 0, stream_id, bytes(4)))
+            self.write(frame(RST_STREAM, 0, stream_id, bytes(4)))
 
     def _end(self, stream: StreamState) -> None:
         """We have sent the stream's END_STREAM: it is gone."""
         stream.ended = True
-        self._blocked.pop(stream.stream_id, None)
+        self.blocked.pop(stream.stream_id, None)
         self.streams.pop(stream.stream_id, None)
         stream.wake()
 
-    def _flush(self, stream: StreamState) -> None:
+    def flush(self, stream: StreamState) -> None:
+        """Send what of the stream's queue the windows allow now."""
         out: list[bytes | memoryview] = []
         queue = stream.out
         while queue:
@@ -98,9 +114,9 @@ class Sending:
                 if piece[0][3] == HEADERS and piece[0][4] & END_STREAM:
                     self._end(stream)
                 continue
-            budget = min(self._send_window, stream.send_window, self._peer_max_frame)
+            budget = min(self.window, stream.send_window, self.max_frame)
             if budget <= 0:
-                self._blocked[stream.stream_id] = stream
+                self.blocked[stream.stream_id] = stream
                 break
             pieces: list[memoryview] = []
             size = 0
@@ -111,19 +127,25 @@ class Sending:
                     view = view[: budget - size]
                 pieces.append(view)
                 size += len(view)
-            self._send_window -= size
+            self.window -= size
             stream.send_window -= size
             stream.queued -= size
             out.append((size << 48 | stream.stream_id).to_bytes(9, "big"))
             out.extend(pieces)
-        if out and self.transport is not None:
-            self.transport.writelines(out)
+        if out and self.output is not None:
+            self.output.writelines(out)
         if stream.queued <= HIGH_WATER:
             stream.wake()
 
-    def _flush_blocked(self) -> None:
-        for stream in list(self._blocked.values()):
-            if self._send_window <= 0:
+    def flush_blocked(self) -> None:
+        """The connection's window grew: streams that waited for it go on."""
+        for stream in list(self.blocked.values()):
+            if self.window <= 0:
                 return
-            del self._blocked[stream.stream_id]
-            self._flush(stream)
+            del self.blocked[stream.stream_id]
+            self.flush(stream)
+
+    def close(self) -> None:
+        """The connection is gone: nothing more is written."""
+        self.output = None
+        self.blocked.clear()
