@@ -1,0 +1,398 @@
+"""gRPC calls on one connection, without a socket: a client's frames go in through
+``data_received``, the server's come out through a recorder (``h2_wire.Wire``), and the
+server's own parts (handlers, the status of a failure, a guard on headers, tracing) are
+what a test gives it. The server is never started: nothing listens."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import zlib
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any
+from urllib.parse import unquote
+
+import grpc
+import pytest
+from h2_wire import Frame, Wire, data, fields, headers, message, opening, request_head
+
+from dlserve.server.transport.grpc.calls import (
+    Context,
+    Method,
+    parse_timeout,
+    trailers,
+)
+from dlserve.server.transport.grpc.listener import GrpcServer
+from dlserve.server.transport.grpc.rpc import GrpcConnection, decompress
+from dlserve.server.transport.grpc.status import RpcError, Status
+from dlserve.server.transport.h2.frames import (
+    DATA,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+)
+
+NOT_FOUND, INTERNAL = grpc.StatusCode.NOT_FOUND.value[0], grpc.StatusCode.INTERNAL.value[0]
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(30):
+            await scenario()
+
+    asyncio.run(bounded())
+
+
+class Held:
+    """A handler that waits until released; what became of it."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def __call__(self, request: memoryview, context: Context) -> bytes:
+        self.entered.set()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b"done"
+
+
+async def echo(request: memoryview, context: Context) -> bytes:
+    return bytes(request)
+
+
+async def chat(requests: AsyncIterator[memoryview], context: Context) -> AsyncIterator[bytes]:
+    async for request in requests:
+        yield bytes(request) * 2
+
+
+def connect(methods: Mapping[str, Method], **options: Any) -> tuple[GrpcConnection, Wire]:
+    """A connection of a server that was never started, past the client's preface."""
+    server = GrpcServer(methods, "127.0.0.1", 0, **options)
+    connection, wire = GrpcConnection(server), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    connection.data_received(opening())
+    wire.take()
+    return connection, wire
+
+
+def call(connection: GrpcConnection, stream: int, *messages: bytes, **head: bytes) -> None:
+    """A call: its headers (``head``: extra ones; path=... replaces the path), its messages,
+    the end of its side."""
+    path = head.pop("path", b"/t.S/Echo")
+    extra = [(name.replace("_", "-").encode(), value) for name, value in head.items()]
+    connection.data_received(
+        headers(stream, request_head(path, *extra))
+        + data(stream, b"".join(messages), end_stream=True)
+    )
+
+
+async def ended(wire: Wire, stream: int) -> list[Frame]:
+    """The stream's frames, once the server has ended it (yielding to the loop until then;
+    the scenario's deadline bounds it)."""
+    while not any(f.kind == HEADERS and f.flags & END_STREAM for f in wire.of(stream)):
+        await asyncio.sleep(0)
+    return wire.of(stream)
+
+
+def status(frames: list[Frame]) -> tuple[int, str]:
+    """The status the stream ended with (its message percent-decoded, as a client does)."""
+    last = fields(frames[-1].payload)
+    return int(last["grpc-status"]), unquote(last.get("grpc-message", ""))
+
+
+def messages_of(frames: list[Frame]) -> list[bytes]:
+    body = b"".join(f.payload for f in frames if f.kind == DATA)
+    out = []
+    while body:
+        size = int.from_bytes(body[1:5], "big")
+        out.append(body[5 : 5 + size])
+        body = body[5 + size :]
+    return out
+
+
+# -- calls ----------------------------------------------------------------------------------
+def test_a_unary_response_leaves_in_one_write() -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(echo)})
+        call(connection, 1, message(b"hello"))
+        frames = await ended(wire, 1)
+        assert wire.batches[-1] == frames  # headers, message, trailers: one write
+        assert [f.kind for f in frames] == [HEADERS, DATA, HEADERS]
+        head = fields(frames[0].payload)
+        assert (head[":status"], head["content-type"]) == ("200", "application/grpc")
+        assert messages_of(frames) == [b"hello"] and status(frames) == (0, "")
+        assert connection.server.calls == 0 and not connection.calls
+
+    run(scenario)
+
+
+def test_a_streaming_call_gets_its_messages_whole_however_they_are_cut() -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Chat": Method(chat, streaming=True)})
+        sent = [b"", b"a", b"bc" * 1000, b"d"]
+        body = b"".join(message(m) for m in sent)
+        connection.data_received(headers(1, request_head(b"/t.S/Chat")))
+        for at in range(0, len(body), 3):  # cut inside prefixes and messages
+            connection.data_received(data(1, body[at : at + 3]))
+        connection.data_received(data(1, b"", end_stream=True))
+        frames = await ended(wire, 1)
+        assert messages_of(frames) == [m * 2 for m in sent] and status(frames) == (0, "")
+
+    run(scenario)
+
+
+def test_a_unary_call_needs_exactly_one_message() -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(echo)})
+        call(connection, 1)
+        call(connection, 3, message(b"a"), message(b"b"))
+        for stream in (1, 3):
+            assert status(await ended(wire, stream)) == (
+                UNIMPLEMENTED, "a unary call needs exactly one request message"
+            )  # fmt: skip
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        (request_head(b"/t.S/Nope"), "Method not found: /t.S/Nope"),
+        (request_head(method=b"GET"), "Method not found: /t.S/Echo"),
+        (request_head(content_type=b"text/plain"), "not a gRPC request"),
+    ],
+)
+def test_what_is_not_a_call_of_the_table_is_unimplemented(block: bytes, expected: str) -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(echo)})
+        connection.data_received(headers(1, block))
+        frames = wire.take()
+        # trailers-only, then "send no more" to a client that has not ended its side
+        assert [f.kind for f in frames] == [HEADERS, RST_STREAM]
+        assert status(frames[:1]) == (UNIMPLEMENTED, expected)
+
+    run(scenario)
+
+
+# -- what the server gives: the status of a failure, a guard ------------------------------------
+class Missing(Exception):
+    """A failure of the server's own kind."""
+
+
+FAILURES: dict[bytes, Exception] = {
+    b"missing": Missing("no 'ü' at 100%"),
+    b"rpc": RpcError(grpc.StatusCode.NOT_FOUND, "gone"),
+    b"bug": ValueError("a bug"),
+    b"bare": KeyError(),
+}
+
+
+async def failing(request: memoryview, context: Context) -> bytes:
+    """Raises the failure its request names."""
+    raise FAILURES[bytes(request)]
+
+
+def test_the_servers_status_of_ends_a_failed_call() -> None:
+    def status_of(exc: Exception) -> Status:
+        return (NOT_FOUND, f"mapped: {exc}") if isinstance(exc, Missing) else (INTERNAL, "?")
+
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(failing)}, status_of=status_of)
+        call(connection, 1, message(b"missing"))
+        frames = await ended(wire, 1)
+        assert len(frames) == 1  # trailers-only
+        assert fields(frames[0].payload)[":status"] == "200"
+        assert status(frames) == (NOT_FOUND, "mapped: no 'ü' at 100%")
+        assert b"no '%C3%BC' at 100%25" in frames[0].payload  # percent-encoded on the wire
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [(b"rpc", (NOT_FOUND, "gone")), (b"bug", (INTERNAL, "a bug")),
+     (b"bare", (INTERNAL, "KeyError"))],
+)  # fmt: skip
+def test_without_its_own_status_of_only_rpc_errors_keep_their_status(
+    failure: bytes, expected: tuple[int, str]
+) -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(failing)})
+        call(connection, 1, message(failure))
+        assert status(await ended(wire, 1)) == expected
+
+    run(scenario)
+
+
+def test_a_guard_refuses_a_call_from_its_headers_before_its_handler_runs() -> None:
+    seen: list[dict[str, str]] = []
+
+    def guard(headers: list[tuple[str, str]]) -> Status | None:
+        seen.append(dict(headers))
+        return None if ("x-key", "open") in headers else (14, "expecting header 'x-key'")
+
+    async def scenario() -> None:
+        held = Held()
+        connection, wire = connect({"/t.S/Echo": Method(held, guard=guard)})
+        connection.data_received(headers(1, request_head()))  # the client goes on sending
+        refused = wire.take()
+        assert status(refused[:1]) == (14, "expecting header 'x-key'")
+        assert refused[1] == Frame(RST_STREAM, 0, 1, bytes(4))  # NO_ERROR: send no more
+        assert seen[0][":path"] == "/t.S/Echo" and not held.entered.is_set()
+        call(connection, 3, message(b""), x_key=b"open")
+        await held.entered.wait()
+
+    run(scenario)
+
+
+# -- compression ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("encoding", "squeeze"), [(b"gzip", gzip.compress), (b"deflate", zlib.compress)]
+)
+def test_compressed_messages_reach_the_handler_inflated(
+    encoding: bytes, squeeze: Callable[[bytes], bytes]
+) -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(echo)})
+        payload = b"abc" * 1000
+        call(connection, 1, message(squeeze(payload), compressed=True), grpc_encoding=encoding)
+        assert messages_of(await ended(wire, 1)) == [payload]
+
+    run(scenario)
+
+
+def test_decompress_refuses_what_it_cannot_read() -> None:
+    assert decompress("gzip", memoryview(gzip.compress(b"x"))) == b"x"
+    code, text = decompress("gzip", memoryview(b"not gzip"))  # type: ignore[misc]
+    assert code == INTERNAL and text.startswith("cannot decompress the message: ")
+    assert decompress("snappy", memoryview(b"")) == (
+        UNIMPLEMENTED, "Compression algorithm 'snappy' is not supported"
+    )  # fmt: skip
+
+
+# -- a call's end: deadline, reset, lost connection, stopping --------------------------------
+def test_a_deadline_ends_the_call_and_cancels_its_handler() -> None:
+    async def scenario() -> None:
+        held = Held()
+        connection, wire = connect({"/t.S/Echo": Method(held)})
+        call(connection, 1, message(b""), grpc_timeout=b"20m")
+        assert status(await ended(wire, 1)) == (DEADLINE_EXCEEDED, "Deadline Exceeded")
+        await held.cancelled.wait()
+        assert connection.server.calls == 0
+
+    run(scenario)
+
+
+def test_a_reset_cancels_the_handler_and_nothing_more_is_sent() -> None:
+    async def scenario() -> None:
+        held = Held()
+        connection, wire = connect({"/t.S/Echo": Method(held)})
+        call(connection, 1, message(b""))
+        await held.entered.wait()
+        connection.data_received(frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big")))
+        await held.cancelled.wait()
+        assert wire.of(1) == [] and connection.server.calls == 0
+
+    run(scenario)
+
+
+def test_a_lost_connection_cancels_its_calls() -> None:
+    async def scenario() -> None:
+        held = Held()
+        connection, _ = connect({"/t.S/Echo": Method(held)})
+        call(connection, 1, message(b""))
+        await held.entered.wait()
+        connection.connection_lost(None)
+        await held.cancelled.wait()
+        server = connection.server
+        assert server.calls == 0 and connection not in server.connections
+
+    run(scenario)
+
+
+def test_a_stopping_server_tells_a_new_connection_to_go_away() -> None:
+    async def scenario() -> None:
+        server = GrpcServer({}, "127.0.0.1", 0)
+        server.stopping = True
+        wire = Wire()
+        GrpcConnection(server).connection_made(wire)  # type: ignore[arg-type]
+        assert [f.kind for f in wire.take()] == [SETTINGS, WINDOW_UPDATE, GOAWAY]
+
+    run(scenario)
+
+
+# -- tracing --------------------------------------------------------------------------------
+class Trace:
+    def __init__(self) -> None:
+        self.stamps: list[str] = []
+        self.released = False
+
+    def stamp(self, name: str, ns: int) -> None:
+        self.stamps.append(name)
+
+    def release(self) -> None:
+        self.released = True
+
+
+class Tracing:
+    active = True
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_tracing_stamps_a_responses_sending_and_releases_its_trace(fails: bool) -> None:
+    trace = Trace()
+
+    async def traced(request: memoryview, context: Context) -> bytes:
+        assert context.opened_ns > 0  # tracing on: the call noted when it opened
+        context.trace = trace
+        if fails:
+            raise ValueError("after tracing began")
+        return b"ok"
+
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Echo": Method(traced)}, timing=Tracing())
+        call(connection, 1, message(b""))
+        await ended(wire, 1)
+        assert trace.released
+        assert trace.stamps == ([] if fails else ["GRPC_SEND_START", "GRPC_SEND_END"])
+
+    run(scenario)
+
+
+# -- gRPC's header codecs --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("2H", 7200.0), ("3M", 180.0), ("5S", 5.0), ("250m", 0.25), ("7u", 7e-6), ("9n", 9e-9),
+     ("", None), ("S", None), ("5", None), ("-1S", None), ("1.5S", None), ("5s", None)],
+)  # fmt: skip
+def test_grpc_timeout(text: str, seconds: float | None) -> None:
+    assert parse_timeout(text) == (pytest.approx(seconds) if seconds is not None else None)
+
+
+def test_status_trailers_percent_encode_their_message() -> None:
+    assert fields(trailers(13, "ü 100%\n")) == {
+        "grpc-status": "13",
+        "grpc-message": "%C3%BC 100%25%0A",
+    }
+    assert fields(trailers(0, "")) == {"grpc-status": "0"}
+
+
+def test_a_handler_sees_the_calls_own_metadata() -> None:
+    blob = base64.b64encode(b"\x00\xff").rstrip(b"=").decode()  # gRPC sends it unpadded
+    headers = [(":path", "/t.S/Echo"), ("content-type", "application/grpc"), ("te", "trailers"),
+               ("grpc-timeout", "1S"), ("x-a", "1"), ("blob-bin", blob)]  # fmt: skip
+    context = Context("ipv4:127.0.0.1:5000", headers, 42)
+    assert context.invocation_metadata() == (("x-a", "1"), ("blob-bin", b"\x00\xff"))
+    assert (context.peer(), context.peer_pid()) == ("ipv4:127.0.0.1:5000", 42)

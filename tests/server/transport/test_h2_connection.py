@@ -1,0 +1,315 @@
+"""The HTTP/2 connection as a state machine, without a socket: bytes in through
+``data_received``, frames out through its output (a recorder), its stream callbacks
+recorded by a subclass that answers them as the gRPC connection does."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from h2_wire import Frame, Wire, data, headers, opening, request_head
+
+from dlserve.server.transport.h2 import hpack_codec
+from dlserve.server.transport.h2.connection import Connection
+from dlserve.server.transport.h2.frames import (
+    ACK,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    HIGH_WATER,
+    MAX_FRAME,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    STREAM_WINDOW,
+    WINDOW_UPDATE,
+    frame,
+)
+
+Event = tuple[Any, ...]
+
+
+class Recorder(Connection):
+    """Records the callbacks; ``hold``: streams whose received bytes are not taken yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+        self.hold: set[int] = set()
+
+    def stream_opened(self, stream_id: int, headers: hpack_codec.Headers, end: bool) -> None:
+        self.events.append(("opened", stream_id, dict(headers), end))
+
+    def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
+        self.events.append(("data", stream_id, bytes(data), end_stream))
+
+    def stream_reset(self, stream_id: int) -> None:
+        self.events.append(("reset", stream_id))
+
+    def closed(self) -> None:
+        self.events.append(("closed",))
+
+    def holding(self, stream_id: int) -> bool:
+        return stream_id in self.hold
+
+
+def connected(window: int = MAX_WINDOW) -> tuple[Recorder, Wire]:
+    """A connection past the client's preface and SETTINGS, its first frames taken."""
+    connection, wire = Recorder(), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    connection.data_received(opening(window))
+    wire.take()
+    return connection, wire
+
+
+def _code(goaway: Frame) -> int:
+    return int.from_bytes(goaway.payload[4:8], "big")
+
+
+def _dialogue() -> bytes:
+    """Two requests, one in several DATA frames, one padded, one header block continued."""
+    block = request_head(b"/t.S/Two")
+    return b"".join((
+        opening(),
+        headers(1, request_head()), data(1, b"ab"), data(1, b"cd", end_stream=True),
+        frame(HEADERS, 0, 3, block[:5]), frame(CONTINUATION, END_HEADERS, 3, block[5:]),
+        frame(DATA, PADDED | END_STREAM, 3, bytes([3]) + b"xyz" + bytes(3)),
+    ))  # fmt: skip
+
+
+# -- the start ------------------------------------------------------------------------------
+def test_the_server_speaks_first_with_its_settings_and_window() -> None:
+    connection, wire = Recorder(), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    settings, window = wire.take()
+    assert (settings.kind, settings.flags) == (SETTINGS, 0)
+    assert settings.payload == (
+        b"\x00\x04" + STREAM_WINDOW.to_bytes(4, "big") + b"\x00\x05" + MAX_FRAME.to_bytes(4, "big")
+    )
+    assert (window.kind, window.stream) == (WINDOW_UPDATE, 0)
+    assert int.from_bytes(window.payload, "big") == MAX_WINDOW - 65535
+
+
+def test_a_client_without_the_preface_is_closed() -> None:
+    connection, wire = Recorder(), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    wire.take()
+    connection.data_received(b"GET / HTTP/1.1\r\n\r\n")
+    assert wire.closed and not wire.take() and not connection.events
+
+
+def test_settings_are_acknowledged() -> None:
+    connection, wire = Recorder(), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    wire.take()
+    connection.data_received(PREFACE + frame(SETTINGS, 0, 0) + frame(SETTINGS, ACK, 0))
+    assert wire.take() == [Frame(SETTINGS, ACK, 0, b"")]  # theirs acked; our ack ignored
+
+
+# -- frames in ------------------------------------------------------------------------------
+def test_streams_arrive_as_callbacks() -> None:
+    connection = Recorder()
+    connection.connection_made(Wire())  # type: ignore[arg-type]
+    connection.data_received(_dialogue())
+    first, second = request_head(), request_head(b"/t.S/Two")
+    assert connection.events == [
+        ("opened", 1, dict(hpack_codec.Decoder().decode(first)), False),
+        ("data", 1, b"ab", False),
+        ("data", 1, b"cd", True),
+        ("opened", 3, dict(hpack_codec.Decoder().decode(second)), False),
+        ("data", 3, b"xyz", True),  # padding stripped
+    ]
+
+
+@pytest.mark.parametrize("cut", [1, 7, 9, 10, 100])
+def test_bytes_cut_anywhere_make_the_same_callbacks(cut: int) -> None:
+    """Frames split across reads (even the preface, even a 9-byte frame head) are joined."""
+    whole, pieces = Recorder(), Recorder()
+    whole.connection_made(Wire())  # type: ignore[arg-type]
+    pieces.connection_made(Wire())  # type: ignore[arg-type]
+    dialogue = _dialogue()
+    whole.data_received(dialogue)
+    for at in range(0, len(dialogue), cut):
+        pieces.data_received(dialogue[at : at + cut])
+    assert pieces.events == whole.events
+
+
+def test_a_large_data_frame_is_handed_on_as_it_arrives() -> None:
+    """A DATA frame of 256 KiB or more reaches the stream piece by piece, each piece a view
+    of the bytes that arrived (not joined first), the end of the stream with the last."""
+    connection, _ = connected()
+    connection.data_received(headers(1, request_head()))
+    payload = bytes(range(256)) * 1200  # 300 KiB
+    big = frame(DATA, END_STREAM, 1, payload)
+    for at in range(0, len(big), 100_000):
+        connection.data_received(big[at : at + 100_000])
+    pieces = connection.events[1:]
+    assert len(pieces) == 4
+    assert b"".join(piece[2] for piece in pieces) == payload
+    assert [piece[3] for piece in pieces] == [False, False, False, True]
+
+
+def test_headers_with_priority_and_padding() -> None:
+    connection, _ = connected()
+    block = request_head()
+    payload = bytes([2]) + bytes(5) + block + bytes(2)  # pad length, priority, block, padding
+    connection.data_received(frame(HEADERS, END_HEADERS | PADDED | PRIORITY_FLAG, 1, payload))
+    assert connection.events == [("opened", 1, dict(hpack_codec.Decoder().decode(block)), False)]
+
+
+def test_trailers_from_the_client_end_its_stream() -> None:
+    connection, _ = connected()
+    trailers = hpack_codec.encode([(b"x-checksum", b"1")])
+    connection.data_received(headers(1, request_head()) + headers(1, trailers, end_stream=True))
+    assert connection.events[1:] == [("data", 1, b"", True)]
+
+
+def test_ping_is_answered_at_once() -> None:
+    connection, wire = connected()
+    connection.data_received(frame(PING, 0, 0, b"12345678") + frame(PING, ACK, 0, b"87654321"))
+    assert wire.take() == [Frame(PING, ACK, 0, b"12345678")]
+
+
+def test_a_reset_stream_is_gone() -> None:
+    connection, _ = connected()
+    connection.data_received(headers(1, request_head()))
+    connection.data_received(frame(RST_STREAM, 0, 1, bytes(4)) + data(1, b"late"))
+    assert connection.events[1:] == [("reset", 1)]  # its late data is dropped
+    assert 1 not in connection.streams
+
+
+@pytest.mark.parametrize(
+    ("bytes_in", "code"),
+    [
+        (headers(2, request_head()), PROTOCOL_ERROR),  # a client's stream is odd
+        (frame(CONTINUATION, END_HEADERS, 1, b""), PROTOCOL_ERROR),  # without HEADERS
+        (frame(HEADERS, 0, 1, b"") + data(1, b""), PROTOCOL_ERROR),  # not a CONTINUATION
+        (frame(PUSH_PROMISE, 0, 1, bytes(4)), PROTOCOL_ERROR),
+        (frame(PING, 0, 0, b"short"), FRAME_SIZE_ERROR),
+        (frame(SETTINGS, 0, 0, b"\x00\x04\x00"), FRAME_SIZE_ERROR),
+        (frame(WINDOW_UPDATE, 0, 0, b"\x00"), FRAME_SIZE_ERROR),
+        (headers(1, b"\xff\xff\xff\xff\x7f"), COMPRESSION_ERROR),  # an index out of range
+    ],
+    ids=["even", "continuation", "interrupted", "push", "ping", "settings", "window", "hpack"],
+)  # fmt: skip
+def test_a_protocol_error_ends_the_connection_with_goaway(bytes_in: bytes, code: int) -> None:
+    connection, wire = connected()
+    connection.data_received(bytes_in)
+    [goaway] = wire.take()
+    assert goaway.kind == GOAWAY and _code(goaway) == code
+    assert wire.closed
+
+
+def test_after_goaway_new_streams_are_refused_and_open_ones_go_on() -> None:
+    connection, wire = connected()
+    connection.data_received(headers(1, request_head()))
+    connection.go_away()
+    [goaway] = wire.take()
+    assert goaway.kind == GOAWAY and goaway.payload[:4] == (1).to_bytes(4, "big")
+    connection.data_received(headers(3, request_head()) + data(1, b"more", end_stream=True))
+    assert wire.take() == [Frame(RST_STREAM, 0, 3, REFUSED_STREAM.to_bytes(4, "big"))]
+    assert connection.events[1:] == [("data", 1, b"more", True)]
+
+
+def test_the_lost_connection_tells_the_subclass_and_writes_no_more() -> None:
+    connection, wire = connected()
+    connection.data_received(headers(1, request_head()))
+    connection.connection_lost(None)
+    assert connection.events[-1] == ("closed",)
+    assert not connection.streams
+    connection.send(1, b"", [b"x"], b"")  # nothing to write to: dropped
+    assert not wire.take()
+
+
+# -- flow control, receiving ------------------------------------------------------------------
+def _received(connection: Recorder, wire: Wire, size: int) -> list[Frame]:
+    connection.data_received(data(1, bytes(size)))
+    return [f for f in wire.take() if f.kind == WINDOW_UPDATE]
+
+
+def test_a_streams_window_is_given_back_once_half_of_it_has_come() -> None:
+    connection, wire = connected()
+    connection.data_received(headers(1, request_head()))
+    half = STREAM_WINDOW // 2
+    assert _received(connection, wire, half - 1) == []
+    [update] = _received(connection, wire, 1)
+    assert update.stream == 1 and int.from_bytes(update.payload, "big") == half
+
+
+def test_a_held_stream_gets_its_window_when_its_reader_takes_it() -> None:
+    connection, wire = connected()
+    connection.data_received(headers(1, request_head()))
+    connection.hold.add(1)
+    half = STREAM_WINDOW // 2
+    assert _received(connection, wire, half) + _received(connection, wire, half) == []
+    connection.hold.clear()
+    connection.give_back(1)
+    [update] = wire.take()
+    assert (update.kind, update.stream) == (WINDOW_UPDATE, 1)
+    assert int.from_bytes(update.payload, "big") == STREAM_WINDOW
+
+
+# -- flow control, sending --------------------------------------------------------------------
+def test_a_response_within_the_windows_leaves_in_one_write() -> None:
+    connection, wire = connected()
+    connection.data_received(headers(1, request_head()))
+    head = frame(HEADERS, END_HEADERS, 1, b"\x88")
+    connection.send(1, head, [b"abc", memoryview(b"def")], b"\x88")
+    [batch] = wire.batches[-1:]
+    assert [(f.kind, f.stream, f.payload) for f in batch] == [
+        (HEADERS, 1, b"\x88"), (DATA, 1, b"abcdef"), (HEADERS, 1, b"\x88"),
+    ]  # fmt: skip
+    assert batch[-1].flags & END_STREAM and 1 not in connection.streams
+
+
+def test_data_waits_for_the_clients_window_and_its_frame_size() -> None:
+    """The client's initial window is 65535 bytes: the rest waits in the stream's queue, in
+    frames no larger than 16 KiB, and the trailers go after the last of it."""
+    connection, wire = connected(window=65535)
+    connection.data_received(headers(1, request_head()))
+    body = bytes(range(256)) * 400  # 100 KiB
+    connection.send(1, b"", [body], b"\x88")
+    sent = wire.take()
+    assert all(f.kind == DATA and len(f.payload) <= 16384 for f in sent)
+    assert sum(len(f.payload) for f in sent) == 65535
+    connection.data_received(frame(WINDOW_UPDATE, 0, 1, (2**20).to_bytes(4, "big")))
+    rest = wire.take()
+    assert b"".join(f.payload for f in sent + rest[:-1]) == body
+    assert rest[-1].kind == HEADERS and rest[-1].flags & END_STREAM
+
+
+def test_a_smaller_initial_window_holds_back_an_open_stream() -> None:
+    connection, wire = connected()
+    connection.data_received(headers(1, request_head()))
+    connection.data_received(frame(SETTINGS, 0, 0, b"\x00\x04" + (10).to_bytes(4, "big")))
+    wire.take()
+    connection.send(1, b"", [bytes(100)])
+    assert [len(f.payload) for f in wire.take()] == [10]  # the rest waits for window
+
+
+def test_a_producer_waits_while_its_stream_has_more_than_high_water_queued() -> None:
+    async def scenario() -> None:
+        connection, wire = connected(window=0)
+        connection.data_received(headers(1, request_head()))
+        connection.send(1, b"", [bytes(HIGH_WATER + 1)])
+        waiting = asyncio.ensure_future(connection.drained(1))
+        await asyncio.sleep(0)
+        assert not waiting.done() and not wire.take()
+        connection.data_received(frame(WINDOW_UPDATE, 0, 1, (2**20).to_bytes(4, "big")))
+        await asyncio.wait_for(waiting, 5)
+        assert sum(len(f.payload) for f in wire.take()) == 2**20
+
+    asyncio.run(scenario())
