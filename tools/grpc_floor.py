@@ -2,7 +2,7 @@
 
 A grpc-python client (as tritonclient.grpc uses) calls a server that answers with an empty
 ModelInferResponse: a synchronous grpc-python server (thread pool), grpc.aio, and dlserve's
-own HTTP/2 server (``frontends/grpc``, what dlserve serves gRPC with). Whatever a server
+own HTTP/2 server (``server/transport``, what dlserve serves gRPC with). Whatever a server
 does per request comes on top of this.
 The servers run in a thread of this process: compare them with each other.
 
