@@ -48,7 +48,7 @@ class Method:
 
 
 class Context:
-    """What a handler may ask about its call (the part of grpc.aio's context dlserve uses)."""
+    """What a handler may ask about its call (the part of grpc.aio's context it needs)."""
 
     __slots__ = ("_headers", "_peer", "_peer_pid", "opened_ns", "trace")
 

@@ -108,7 +108,7 @@ class Connection(asyncio.Protocol):
         if self.active is None or self.parsing is not None:
             return None  # idle, or a request cut short: close
         if self.active.scope.get(CANCEL_ON_CLOSE):
-            return None  # a client that stops sending gives up its infer request: close
+            return None  # a client that stops sending gives up such a request: close
         self.eof = True  # complete requests in flight: answer them, then close
         return True
 
