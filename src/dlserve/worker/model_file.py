@@ -16,7 +16,11 @@ import importlib.util
 import itertools
 import os
 import sys
+import threading
 from types import ModuleType
+
+# In-process workers load their models at the same time: a name is picked and taken in one step.
+_naming = threading.Lock()
 
 
 def import_model_file(path: str) -> ModuleType:
@@ -35,18 +39,19 @@ def _version_package(version_dir: str) -> ModuleType:
     """The version folder as a package (its ``__init__.py`` run, when it has one), under the
     folder's name; under a fresh name when that name is taken (in-process workers share a
     process: two models' version 1, or one model loaded again)."""
-    name = _free_name(os.path.basename(version_dir))
     init = os.path.join(version_dir, "__init__.py")
-    if os.path.isfile(init):
-        spec = importlib.util.spec_from_file_location(
-            name, init, submodule_search_locations=[version_dir]
-        )
-    else:  # a namespace package, as Python makes of a folder without __init__.py
-        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = [version_dir]
-    assert spec is not None
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[name] = package
+    with _naming:
+        name = _free_name(os.path.basename(version_dir))
+        if os.path.isfile(init):
+            spec = importlib.util.spec_from_file_location(
+                name, init, submodule_search_locations=[version_dir]
+            )
+        else:  # a namespace package, as Python makes of a folder without __init__.py
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [version_dir]
+        assert spec is not None
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
     if spec.loader is not None:
         try:
             spec.loader.exec_module(package)
