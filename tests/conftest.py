@@ -21,6 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 TEST_MODELS = ROOT / "tests" / "models"
 STARTUP_DEADLINE_S = 120.0
+END_TO_END = ("e2e", "client")  # the folders whose tests start servers (tests/README.md)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tier ``e2e``: ``-m e2e`` selects it, ``-m "not e2e"`` the others."""
+    tests = ROOT / "tests"
+    for item in items:
+        if item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in END_TO_END:
+            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass
