@@ -7,26 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonError
-from dlserve.tensors.arena import ShmSegment
 from dlserve.worker.decoupled import log_failure
-from dlserve.worker.runner import ModelRunner
 
 
 @pytest.fixture
-def runner(tmp_path: Path) -> Iterator[ModelRunner]:
-    load = m.Load("waiter", 1, str(tmp_path), str(tmp_path), str(tmp_path / "model.py"),
+def load(tmp_path: Path) -> m.Load:
+    """The instance's Load: its names are the log line's."""
+    return m.Load("waiter", 1, str(tmp_path), str(tmp_path), str(tmp_path / "model.py"),
                   json.dumps({"name": "waiter"}), "waiter_0_0", "CPU", 0)  # fmt: skip
-    arenas = (ShmSegment.anonymous("in", 1 << 16), ShmSegment.anonymous("out", 1 << 16))
-    running = ModelRunner(load, arenas)
-    yield running
-    running.finalize()
 
 
 def raise_it() -> None:
@@ -34,12 +28,12 @@ def raise_it() -> None:
 
 
 def test_a_raised_exception_is_logged_with_its_message_and_traceback(
-    runner: ModelRunner, capsys: pytest.CaptureFixture[str]
+    load: m.Load, capsys: pytest.CaptureFixture[str]
 ) -> None:
     try:
         raise_it()
     except ValueError as exc:
-        log_failure(runner, exc)
+        log_failure(load, exc)
     line = capsys.readouterr().err
     head = re.compile(r"^E\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ test_failure_log\.py:\d+\] "
                       r"\[model 'waiter'\] Failed to process the request\(s\) for model "
@@ -50,9 +44,9 @@ def test_a_raised_exception_is_logged_with_its_message_and_traceback(
 
 
 def test_dlserves_own_check_is_logged_with_its_message(
-    runner: ModelRunner, capsys: pytest.CaptureFixture[str]
+    load: m.Load, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    log_failure(runner, TritonError("Python model 'waiter_0_0' is using the decoupled mode"))
+    log_failure(load, TritonError("Python model 'waiter_0_0' is using the decoupled mode"))
     line = capsys.readouterr().err
     assert line.endswith(
         "Failed to process the request(s) for model 'waiter_0_0', message: Python model "

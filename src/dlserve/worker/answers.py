@@ -28,9 +28,11 @@ from dlserve.ipc.channel import ChannelClosed
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException
 from dlserve.pb_utils.request import SENT_TWICE
 from dlserve.worker.bls import gpu as gpu_bls
+from dlserve.worker.failures import error_reply
+from dlserve.worker.outputs import OutputWriter
 
 if TYPE_CHECKING:
-    from dlserve.worker.runner import Item, ModelRunner
+    from dlserve.worker.runner import Item
 
 Route = Callable[[m.InferDone, list[memoryview]], None]  # where a late answer goes
 
@@ -147,8 +149,16 @@ class Answer:
 class Answers:
     """The default-mode answers of one model instance."""
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
+    def __init__(
+        self, outputs: OutputWriter, executing: dict[int, pb_utils.InferenceRequest],
+        instance_name: Callable[[], str],
+    ) -> None:  # fmt: skip
+        """``outputs``: where a late response's outputs go; ``executing``: the instance's
+        requests executing (an answered one leaves it); ``instance_name``: how Triton's
+        messages name the instance."""
+        self.outputs = outputs
+        self.executing = executing
+        self.instance_name = instance_name
         self._open: dict[int, Answer] = {}  # by rid: senders taken, not answered
         self._lock = threading.Lock()
         self._collected: queue.SimpleQueue[Answer | None] | None = None
@@ -255,33 +265,32 @@ class Answers:
             return self._open.pop(rid, None)
 
     def not_answered(self, why: str) -> str:
-        load = self.runner.load
-        return _NOT_ANSWERED.format(load.instance_name or load.model_name, why)
+        return _NOT_ANSWERED.format(self.instance_name(), why)
 
     # -- after execute returned ---------------------------------------------------------------
     def deliver(self, answer: Answer, response: pb_utils.InferenceResponse, sent: int) -> None:
         """A response sent after ``execute`` returned: encoded and sent at once."""
-        runner, item = self.runner, answer.item
+        item = answer.item
         try:
             error = response.error()
             if error is not None:
                 raise error
             settled = gpu_bls.settle_borrowed([item], every=True)
-            done, buffers = runner._reply(item, response, settled)
+            done, buffers = self.outputs.reply(item, response, settled)
             execute = answer.execute
             done.timings = m.Timings(execute.start, execute.infer_start, sent, time.monotonic_ns())
         except BaseException as exc:
-            done, buffers = runner._error_reply(item.rid, exc), []
+            done, buffers = error_reply(item.rid, exc), []
         self._send(answer, done, buffers)
 
     def fail(self, answer: Answer, error: BaseException) -> None:
         with contextlib.suppress(TritonModelException):  # the error goes either way
             gpu_bls.settle_borrowed([answer.item], every=True)
-        self._send(answer, self.runner._error_reply(answer.item.rid, error), [])
+        self._send(answer, error_reply(answer.item.rid, error), [])
 
     def _send(self, answer: Answer, done: m.InferDone, buffers: list[memoryview]) -> None:
         self._forget(answer.item.rid)
-        self.runner._live.pop(answer.item.rid, None)
+        self.executing.pop(answer.item.rid, None)
         with contextlib.suppress(ChannelClosed):  # the server is gone: nobody waits for it
             answer.route(done, buffers)
 

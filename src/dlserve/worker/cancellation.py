@@ -1,6 +1,7 @@
-"""Requests whose client went away, as the worker sees them (mixed into ModelRunner):
-``is_cancelled()`` turns true for a request executing, and one that has not started is
-answered "Request was cancelled" without running."""
+"""Requests whose client went away, as the worker sees them: ``is_cancelled()`` turns true
+for a request executing, and one that has not started is not run (its runner answers it
+"Request was cancelled"). The server's Cancel frame may come before its request does, or
+while the request runs, on whichever thread reads the link."""
 
 from __future__ import annotations
 
@@ -8,64 +9,46 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dlserve import pb_utils as pb_utils
-from dlserve.ipc import messages as m
-from dlserve.pb_utils.exceptions import TritonError
-from dlserve.worker.link import link
 
 if TYPE_CHECKING:
     from dlserve.worker.runner import Item
 
 
 class Cancellation:
-    """Mixed into ModelRunner, which sets these attributes."""
+    """One instance's requests as cancels find them: executing, or not started yet."""
 
-    _live: dict[int, pb_utils.InferenceRequest]  # executing, by rid
-    _started: int  # the newest rid started (rids grow)
-    _cancelled_early: set[int]  # cancelled before they started
-
-    @property
-    def decoupled(self) -> bool:
-        raise NotImplementedError
-
-    def _error_reply(self, rid: int, exc: BaseException) -> m.InferDone:
-        raise NotImplementedError
+    def __init__(self) -> None:
+        # by rid: whoever runs a request adds it and takes it out once it is answered
+        self.executing: dict[int, pb_utils.InferenceRequest] = {}
+        self._started = 0  # the newest rid started (rids grow)
+        self._early: set[int] = set()  # cancelled before they started
 
     def cancel(self, rid: int) -> None:
         """The server says request ``rid``'s client has gone: ``is_cancelled()`` turns true,
         and a request not started yet is not run at all."""
-        request = self._live.get(rid)
+        request = self.executing.get(rid)
         if request is not None:
             request._cancelled = True
         elif rid > self._started:
-            self._cancelled_early.add(rid)
+            self._early.add(rid)
 
-    def _skip_cancelled(
-        self, items: Sequence[Item], worker: link.WorkerLink | None
-    ) -> tuple[list[tuple[m.InferDone, list[memoryview]]], Sequence[Item]]:
-        """The requests cancelled while they waited (answered here, not run), and the others.
-
-        Cancels already read ahead behind them are dispatched first (no system call)."""
-        if worker is not None:
-            worker.poll(buffered_only=True)
+    def start(self, items: Sequence[Item]) -> tuple[Sequence[Item], Sequence[Item]]:
+        """``items`` are about to run: those cancelled while they waited (not to be run),
+        and the others."""
         for item in items:
             if item.rid > self._started:
                 self._started = item.rid
-        if not self._cancelled_early:
-            return [], items
-        replies: list[tuple[m.InferDone, list[memoryview]]] = []
+        if not self._early:  # the usual
+            return (), items
+        cancelled: list[Item] = []
         kept: list[Item] = []
         for item in items:
-            if item.rid not in self._cancelled_early:
-                kept.append(item)
-                continue
-            self._cancelled_early.discard(item.rid)
-            error = TritonError("Request was cancelled", TritonError.CANCELLED)
-            if self.decoupled and worker is not None:
-                worker.send(m.StreamResponse(item.rid, final=True, error=error.message(),
-                                             error_code="cancelled"))  # fmt: skip
+            if item.rid in self._early:
+                self._early.discard(item.rid)
+                cancelled.append(item)
             else:
-                replies.append((self._error_reply(item.rid, error), []))
-        return replies, kept
+                kept.append(item)
+        return cancelled, kept
 
 
 def upstream(items: Sequence[Item]) -> list[str]:

@@ -19,23 +19,38 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dlserve import pb_utils as pb_utils
 from dlserve.ipc import messages as m
 from dlserve.pb_utils import logger
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException
 from dlserve.worker.bls import gpu as gpu_bls
-from dlserve.worker.cancellation import upstream
-from dlserve.worker.failures import execute_failure
+from dlserve.worker.cancellation import Cancellation, upstream
+from dlserve.worker.event_loop import ModelLoop
+from dlserve.worker.failures import describe_error, execute_failure
 from dlserve.worker.link import link
+from dlserve.worker.outputs import OutputWriter
 
 if TYPE_CHECKING:
-    from dlserve.worker.runner import Item, ModelRunner
+    from dlserve.worker.runner import Item
+
+
+class Instance(Protocol):
+    """What a decoupled ``execute`` uses of its model instance (the worker's runner)."""
+
+    load: m.Load
+    model: Any
+    model_loop: ModelLoop
+    outputs: OutputWriter
+    cancellation: Cancellation
+
+    def request(self, item: Item, payload: memoryview) -> pb_utils.InferenceRequest:
+        """The InferenceRequest the model gets for ``item``; raises if it cannot be made."""
 
 
 def decoupled_execute(
-    runner: ModelRunner,
+    instance: Instance,
     worker: link.WorkerLink,
     items: Sequence[Item],
     payload: memoryview,
@@ -49,12 +64,13 @@ def decoupled_execute(
     follows once ``execute`` has returned."""
     infer_start = infer_end = 0
     streams: list[_Stream] = []
+    outputs, executing = instance.outputs, instance.cancellation.executing
     try:
         requests: list[pb_utils.InferenceRequest] = []
         for item in items:
-            stream = _Stream(runner, worker, item, start)
+            stream = _Stream(worker, item, start, outputs, executing)
             try:
-                request = runner._request(item, payload)
+                request = instance.request(item, payload)
             except BaseException as exc:  # this request alone fails
                 stream.fail(exc)
                 continue
@@ -63,11 +79,11 @@ def decoupled_execute(
             request._sender = stream.sender
             worker.flow.open_window(item.rid)
             request._poll = worker.poll
-            runner._live[item.rid] = request
+            executing[item.rid] = request
             streams.append(stream)
             requests.append(request)
         if requests:
-            infer_start, infer_end = _execute(runner, streams, requests)
+            infer_start, infer_end = _execute(instance, streams, requests)
     finally:  # the instance is free for the next requests; responses may go on
         now = time.monotonic_ns()
         timings = m.Timings(start, infer_start or now, infer_end or now, now)
@@ -79,7 +95,7 @@ def decoupled_execute(
 
 
 def _execute(
-    runner: ModelRunner, streams: list[_Stream], requests: list[pb_utils.InferenceRequest]
+    instance: Instance, streams: list[_Stream], requests: list[pb_utils.InferenceRequest]
 ) -> tuple[int, int]:
     """Call execute once for ``requests``: when it started and when it returned. An
     ``async def execute`` is started on the instance's event loop and left to run there
@@ -88,18 +104,18 @@ def _execute(
     for stream in streams:
         stream.infer_start = infer_start
     try:
-        result = runner.model.execute(requests)
+        result = instance.model.execute(requests)
         if asyncio.iscoroutine(result):
             context = link.upstream_context(upstream([s.msg for s in streams]))
-            done = functools.partial(_coroutine_done, runner, streams)
-            runner.model_loop.start(result, context, done)
+            done = functools.partial(_coroutine_done, instance.load, streams)
+            instance.model_loop.start(result, context, done)
             return infer_start, time.monotonic_ns()
         if result is not None and inspect.isawaitable(result):
-            result = runner.model_loop.run(result)
+            result = instance.model_loop.run(result)
         if result is not None:
-            raise TritonError(returned_responses(runner))
+            raise TritonError(returned_responses(instance.load))
     except BaseException as exc:  # every request whose final flag is not out fails
-        _fail_open(streams, execute_failure(runner.load.instance_name, exc))
+        _fail_open(streams, execute_failure(instance.load.instance_name, exc))
         return infer_start, streams[0].infer_end
     infer_end = time.monotonic_ns()
     for stream in streams:
@@ -107,15 +123,15 @@ def _execute(
     return infer_start, infer_end
 
 
-def returned_responses(runner: ModelRunner) -> str:
+def returned_responses(load: m.Load) -> str:
     """Triton's message for a decoupled model whose execute returned something."""
     return (
-        f"Python model '{runner.load.instance_name or runner.load.model_name}' is using the "
+        f"Python model '{load.instance_name or load.model_name}' is using the "
         "decoupled mode and the execute function must return None."
     )
 
 
-def _coroutine_done(runner: ModelRunner, streams: list[_Stream], task: asyncio.Task[Any]) -> None:
+def _coroutine_done(load: m.Load, streams: list[_Stream], task: asyncio.Task[Any]) -> None:
     """An ``async def execute`` started in the background has ended (on the loop's thread):
     if it failed (or returned something), the error goes to the log, with its traceback as
     Triton logs it, and to each of its requests whose final flag is not out."""
@@ -128,9 +144,9 @@ def _coroutine_done(runner: ModelRunner, streams: list[_Stream], task: asyncio.T
             for stream in streams:
                 stream.infer_end = now
             return
-        exc = error if error is not None else TritonError(returned_responses(runner))
-        log_failure(runner, exc)
-    _fail_open(streams, execute_failure(runner.load.instance_name, exc))
+        exc = error if error is not None else TritonError(returned_responses(load))
+        log_failure(load, exc)
+    _fail_open(streams, execute_failure(load.instance_name, exc))
 
 
 def _fail_open(streams: list[_Stream], exc: BaseException) -> None:
@@ -142,19 +158,19 @@ def _fail_open(streams: list[_Stream], exc: BaseException) -> None:
             stream.fail(exc)
 
 
-def log_failure(runner: ModelRunner, exc: BaseException) -> None:
+def log_failure(load: m.Load, exc: BaseException) -> None:
     """An error line in the server's log (the worker's stderr) for a failure that happened
-    in the background, with the exception's traceback."""
+    in the background, with the exception's traceback (``load``: the instance's)."""
     if exc.__traceback__ is None:  # not raised: dlserve's own check
-        text = runner.describe_error(exc)[0]
+        text = describe_error(exc)[0]
     else:
         text = "".join(traceback.format_exception(exc)).rstrip("\n")
     frames = traceback.extract_tb(exc.__traceback__)
     filename = os.path.basename(frames[-1].filename) if frames else "model.py"
     lineno = (frames[-1].lineno or 0) if frames else 0
     line = logger.format_line(
-        f"Failed to process the request(s) for model '{runner.load.instance_name}', message: "
-        f"{text}", logger.LogLevel.ERROR, filename, lineno, runner.load.model_name,
+        f"Failed to process the request(s) for model '{load.instance_name}', message: "
+        f"{text}", logger.LogLevel.ERROR, filename, lineno, load.model_name,
     )  # fmt: skip
     with contextlib.suppress(OSError, ValueError):  # a closed stderr loses the line only
         sys.stderr.write(line)
@@ -164,8 +180,12 @@ def log_failure(runner: ModelRunner, exc: BaseException) -> None:
 class _Stream:
     """The responses of one decoupled request on their way to the server."""
 
-    def __init__(self, runner: ModelRunner, worker: link.WorkerLink, msg: Item, start: int) -> None:
-        self.runner = runner
+    def __init__(
+        self, worker: link.WorkerLink, msg: Item, start: int, outputs: OutputWriter,
+        executing: dict[int, pb_utils.InferenceRequest],
+    ) -> None:  # fmt: skip
+        self.outputs = outputs
+        self.executing = executing  # the instance's; the final flag takes the request out
         self.worker = worker
         self.msg = msg
         self.start = start
@@ -207,11 +227,11 @@ class _Stream:
                 frame.error, frame.error_code = error.message(), error.error_code().value
             else:
                 try:
-                    frame.outputs, buffers, frame.parameters = self.runner.encode_outputs(
+                    frame.outputs, buffers, frame.parameters = self.outputs.encode(
                         self.msg, response
                     )
                 except BaseException as exc:
-                    frame.error, frame.error_code = self.runner.describe_error(exc)
+                    frame.error, frame.error_code = describe_error(exc)
         if not final:
             self.worker.flow.sent_bytes(self.msg.rid, m.stream_bytes(frame.outputs))
         self._send(frame, buffers)
@@ -220,13 +240,13 @@ class _Stream:
         with contextlib.suppress(TritonModelException):  # the error goes either way
             gpu_bls.settle_borrowed([self.msg])
         frame = m.StreamResponse(rid=self.msg.rid, final=True)
-        frame.error, frame.error_code = self.runner.describe_error(exc)
+        frame.error, frame.error_code = describe_error(exc)
         self._send(frame, [])
 
     def _send(self, frame: m.StreamResponse, buffers: list[memoryview]) -> None:
         if frame.final:
             now = time.monotonic_ns()
-            self.runner._live.pop(self.msg.rid, None)
+            self.executing.pop(self.msg.rid, None)
             frame.timings = m.Timings(self.start, self.infer_start, self.infer_end or now, now)
             self.worker.flow.close_window(self.msg.rid)
         self.worker.send(frame, buffers)

@@ -16,6 +16,7 @@ import os
 import traceback
 
 import dlserve
+from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException, unchecked_error
 
 _DLSERVE = os.path.dirname(dlserve.__file__) + os.sep  # its frames stand for Triton's C++
@@ -39,6 +40,19 @@ def describe_exception(exc: BaseException) -> str:
         lines = (f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
         text += "\n\nAt:\n" + "".join(lines)
     return text
+
+
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """The message and ErrorCode value a client sees for the model's failure."""
+    if isinstance(exc, TritonError):
+        return exc.message(), exc.error_code().value
+    return describe_exception(exc), "internal"
+
+
+def error_reply(rid: int, exc: BaseException) -> m.InferDone:
+    """Request ``rid``'s reply when ``exc`` answers it."""
+    message, code = describe_error(exc)
+    return m.InferDone(rid=rid, error=message, error_code=code)
 
 
 def execute_failure(instance: str, exc: BaseException) -> TritonError:

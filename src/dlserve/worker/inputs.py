@@ -1,6 +1,6 @@
-"""A request's inputs as the model gets them (mixed into ModelRunner): views of the frame,
-of the input arena, of a client's system region or a BLS caller's memory, GPU tensors over
-a client's CUDA region or a caller's GPU memory; placed as the config asks (``gpu_io``)."""
+"""A request's inputs as the model gets them: views of the frame, of the input arena, of a
+client's system region or a BLS caller's memory, GPU tensors over a client's CUDA region
+or a caller's GPU memory; placed as the config asks (``gpu_io``)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,19 @@ from dlserve.worker.client_regions import ClientRegions
 from dlserve.worker.gpu_io import GpuIO
 
 
-class InputReading:
-    """Mixed into ModelRunner, which sets these attributes."""
+class InputReader:
+    """Turns an input's TensorRef into the tensor the model gets (one per instance)."""
 
-    gpu: GpuIO
-    regions: ClientRegions
-    peers: PeerArenas
-    input_arena: ShmSegment
+    def __init__(
+        self, gpu: GpuIO, regions: ClientRegions, peers: PeerArenas, input_arena: ShmSegment
+    ) -> None:
+        self.gpu = gpu  # replaced once the instance's device is known
+        self.regions = regions
+        self.peers = peers
+        self.input_arena = input_arena
 
-    def _input_tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
+    def tensor(self, ref: m.TensorRef, payload: memoryview) -> pb_utils.Tensor:
+        """Input ``ref`` of a request whose frame carried ``payload``."""
         where = ref.where
         if where == m.Where.PAYLOAD:  # the usual small input: a view of the frame
             dtype = dtypes.BY_WIRE[ref.datatype]
@@ -41,10 +45,10 @@ class InputReading:
             return self.gpu.region_input(ref)
         elif where == m.Where.CUDA_IPC:  # a BLS caller's GPU memory
             return gpu_bls.input_tensor(ref)
-        tensor = pb_utils.Tensor._wrap(ref.name, *self._input_array(ref, payload))
+        tensor = pb_utils.Tensor._wrap(ref.name, *self._array(ref, payload))
         return self.gpu.place(tensor)
 
-    def _input_array(
+    def _array(
         self, ref: m.TensorRef, payload: memoryview
     ) -> tuple[npt.NDArray[Any], dtypes.DType]:
         dtype = dtypes.BY_WIRE[ref.datatype]

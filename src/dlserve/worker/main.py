@@ -69,9 +69,9 @@ def load(
         runner.update(msg)
     else:
         runner = ModelRunner(msg, arenas)
-    worker.on_cancel = runner.cancel
+    worker.on_cancel = runner.cancellation.cancel
     worker.on_release = runner.release
-    worker.memory = runner
+    worker.memory = runner.bls_memory
     runner.link = worker  # execute() runs on the serve loop's thread: its link
     try:
         runner.start()
@@ -151,7 +151,7 @@ class _Serving:
             )
         elif isinstance(msg, m.DropArenas):
             if self.runner is not None:
-                self.runner.peers.drop(msg.arenas)
+                self.runner.drop_arenas(msg.arenas)
         elif isinstance(msg, m.Load):
             self.runner = load(self.worker, msg, self.runner, self.arenas)
         elif isinstance(msg, m.Shutdown):

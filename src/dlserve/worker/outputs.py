@@ -12,8 +12,11 @@ bytes are already where they must be.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -23,8 +26,12 @@ from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonError
 from dlserve.tensors import dtypes
 from dlserve.tensors.arena import Arena, buffer_address
+from dlserve.worker.bls.gpu import GpuLender
 from dlserve.worker.client_regions import ClientRegions
 from dlserve.worker.gpu_io import GpuIO
+
+if TYPE_CHECKING:
+    from dlserve.worker.runner import Item
 
 # Outputs up to this size travel in the reply frame; larger ones through the arena.
 INLINE_OUTPUT_LIMIT = 64 * 1024
@@ -38,10 +45,13 @@ class _Buffer:
 
 
 class OutputWriter:
-    def __init__(self, regions: ClientRegions, arena: Arena, gpu: GpuIO) -> None:
+    """Puts a model instance's outputs where they go and describes them in its replies."""
+
+    def __init__(self, regions: ClientRegions, arena: Arena, gpu: GpuIO, lender: GpuLender) -> None:
         self.regions = regions
         self.arena = arena
-        self.gpu = gpu
+        self.gpu = gpu  # replaced once the instance's device is known
+        self.lender = lender  # GPU outputs lent to a BLS caller by handle
         # the output buffers handed out during this execute (all its requests), by address
         self._buffers: dict[int, _Buffer] = {}
 
@@ -96,6 +106,45 @@ class OutputWriter:
         if buffer is not None and buffer.name == name and buffer.nbytes == nbytes:
             return self._buffers.pop(address)
         return None
+
+    # -- replies ------------------------------------------------------------------------------
+    def reply(
+        self, item: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int]
+    ) -> tuple[m.InferDone, list[memoryview]]:
+        """``item``'s reply carrying ``response``, and the buffers that go inline with it
+        (``settled``: as for :meth:`encode`)."""
+        refs, buffers, params = self.encode(item, response, settled)
+        return m.InferDone(rid=item.rid, outputs=refs, parameters=params), buffers
+
+    def encode(
+        self, item: Item, response: pb_utils.InferenceResponse,
+        settled: AbstractSet[int] = frozenset(),
+    ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:  # fmt: skip
+        """A response's outputs as refs (inline, output arena or client region), the inline
+        buffers, and its parameters. ``settled``: the devices whose work was waited for
+        since ``execute`` returned (GPU outputs lent on them are not waited for again)."""
+        wanted = item.outputs  # a few names: a list is looked through as fast as a set
+        targets = {t.name: t for t in item.output_regions} if item.output_regions else None
+        refs: list[m.TensorRef] = []
+        buffers: list[memoryview] = []
+        offset = 0
+        for tensor in response.output_tensors():
+            if wanted and tensor.name() not in wanted:
+                continue
+            target = targets.get(tensor.name()) if targets else None
+            if item.lend and not tensor.is_cpu() and target is None:  # GPU, to a BLS caller
+                lent = self.lender.lend(tensor, self.regions, settled)
+                if lent is not None:
+                    refs.append(lent)
+                    continue
+            ref, buffer = self.ref(tensor, offset, target)
+            refs.append(ref)
+            if buffer is not None:
+                buffers.append(buffer)
+                offset += buffer.nbytes
+        text = response.parameters()
+        params = json.loads(text) if text != "{}" else {}
+        return refs, buffers, params
 
     # -- outputs ------------------------------------------------------------------------------
     def ref(

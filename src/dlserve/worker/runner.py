@@ -3,7 +3,10 @@
 Inputs become numpy views of the bytes the server delivered (the frame's
 payload, or the input arena) or of a client's shared-memory region; outputs go
 back inline when small, through this worker's output arena, or straight into
-the client region the request names for them.
+the client region the request names for them. The runner owns its collaborators:
+the input reader (``inputs.py``), the output writer (``outputs.py``), the requests
+cancels find (``cancellation.py``), the memory BLS calls pass by reference
+(``bls/memory.py``) and the answers of senders (``answers.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 from dlserve import pb_utils as pb_utils
 from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonError
-from dlserve.tensors.arena import Arena, ShmSegment, buffer_address
+from dlserve.tensors.arena import Arena, ShmSegment
 from dlserve.worker import gpu_io, rescheduling
 from dlserve.worker.answers import Answers, Deferred, Execute, Route
 from dlserve.worker.bls import cuda_peers
@@ -32,8 +35,8 @@ from dlserve.worker.cancellation import Cancellation, upstream
 from dlserve.worker.client_regions import ClientRegions
 from dlserve.worker.decoupled import decoupled_execute
 from dlserve.worker.event_loop import ModelLoop
-from dlserve.worker.failures import describe_exception, execute_failure
-from dlserve.worker.inputs import InputReading
+from dlserve.worker.failures import describe_exception, error_reply, execute_failure
+from dlserve.worker.inputs import InputReader
 from dlserve.worker.link import link
 from dlserve.worker.model_file import import_model_file
 from dlserve.worker.outputs import OutputWriter
@@ -47,7 +50,7 @@ class LoadError(Exception):
     """model.py could not be imported, auto-completed or initialized."""
 
 
-class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
+class ModelRunner:
     """One instance of one model."""
 
     def __init__(self, load: m.Load, arenas: tuple[ShmSegment, ShmSegment]) -> None:
@@ -57,24 +60,26 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         self.model: Any = None
         self.model_class: Any = None
         self.model_loop = ModelLoop(lambda: self.link)  # for async def methods of the model
-        self.answers = Answers(self)  # responses sent through senders (not decoupled)
-        self._to_server: Route = self._late  # where they go after the return, by default
         self.input_arena, self.output_segment = arenas
         self.output_arena = Arena(self.output_segment)
         self.regions = ClientRegions()
-        self.gpu = gpu_io.GpuIO(gpu_io.Placement.AS_ARRIVED, 0, self.regions, self.output_arena)
-        self.device_uuid = ""
-        self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu)
-        # get_output_buffer of a request that names no output region (the usual): one for all
-        self._untargeted_buffer = functools.partial(self.outputs.buffer, _NO_TARGETS)
         self.peers = PeerArenas()
         self.gpu_lender = gpu_bls.GpuLender()
-        self._input_base = buffer_address(self.input_arena.buffer)
-        self._live: dict[int, pb_utils.InferenceRequest] = {}  # executing, by rid (Cancel)
+        self.gpu = gpu_io.GpuIO(gpu_io.Placement.AS_ARRIVED, 0, self.regions, self.output_arena)
+        self.device_uuid = ""
+        self.inputs = InputReader(self.gpu, self.regions, self.peers, self.input_arena)
+        self.outputs = OutputWriter(self.regions, self.output_arena, self.gpu, self.gpu_lender)
+        # get_output_buffer of a request that names no output region (the usual): one for all
+        self._untargeted_buffer = functools.partial(self.outputs.buffer, _NO_TARGETS)
+        self.bls_memory = SharedMemoryForBls(
+            self.regions, self.peers, self.input_arena, self.output_arena
+        )
+        self.cancellation = Cancellation()
+        # responses sent through senders (not decoupled), and where they go after the return
+        self.answers = Answers(self.outputs, self.cancellation.executing, self.instance_name)
+        self._to_server: Route = self._late
         self._decoupled: bool | None = None  # from the config, once known
         self._iterative: bool | None = None  # likewise: may requests be rescheduled?
-        self._started = 0  # the newest rid started (rids grow)
-        self._cancelled_early: set[int] = set()  # cancelled before they started
         self.link: link.WorkerLink | None = None  # the serve loop's, once loaded by it
 
     # -- loading ------------------------------------------------------------------------
@@ -89,6 +94,10 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         if self._iterative is None:
             self._iterative = rescheduling.iterative(self.config)
         return self._iterative
+
+    def instance_name(self) -> str:
+        """This instance as Triton's messages name it."""
+        return self.load.instance_name or self.load.model_name
 
     def update(self, load: m.Load) -> None:
         """A second Load on the same worker: the final config and this instance's identity."""
@@ -122,8 +131,9 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             placement = gpu_io.placement_of(self.config, load.instance_kind)
         except ValueError as exc:
             raise LoadError(str(exc)) from None
-        self.gpu = gpu_io.GpuIO(placement, load.device_id, self.regions, self.output_arena)
-        self.outputs.gpu = self.gpu
+        self.gpu = self.inputs.gpu = self.outputs.gpu = gpu_io.GpuIO(
+            placement, load.device_id, self.regions, self.output_arena
+        )
         pb_utils.gpu.model_name = load.model_name
         if load.instance_kind == "GPU":
             try:
@@ -195,27 +205,31 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
         if release:
             self.release(release)
         worker = self.link if self.link is not None else link.current()
-        cancelled, items = self._skip_cancelled(items, worker)
+        if worker is not None:  # cancels read ahead behind these are dispatched first
+            worker.poll(buffered_only=True)  # (no system call)
+        cancelled, items = self.cancellation.start(items)
+        answered = self._answer_cancelled(cancelled, worker) if cancelled else []
         if worker is not None:
             worker.upstream = upstream(items)
         if self.decoupled:
             assert worker is not None, "a decoupled model needs the worker's link"
             decoupled_execute(self, worker, items, payload, timings_start)
-            return cancelled
+            return answered
         replies: list[tuple[m.InferDone, list[memoryview]] | None] = [None] * len(items)
         requests: list[pb_utils.InferenceRequest] = []
         running: list[int] = []
         deferred: AbstractSet[int] = _NONE
+        executing = self.cancellation.executing
         try:
             for index, item in enumerate(items):
                 try:
-                    request = self._request(item, payload)
+                    request = self.request(item, payload)
                 except BaseException as exc:  # this request alone fails
-                    replies[index] = self._error_reply(item.rid, exc), []
+                    replies[index] = error_reply(item.rid, exc), []
                     continue
                 requests.append(request)
                 running.append(index)
-                self._live[item.rid] = request
+                executing[item.rid] = request
                 if worker is not None:
                     request._poll = worker.poll
             if requests:
@@ -226,10 +240,25 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 deferred = self._execute(ran, running, requests, replies, execute)
         finally:
             for item in items:
-                if item.rid not in deferred:  # a deferred one is live until its response
-                    self._live.pop(item.rid, None)
+                if item.rid not in deferred:  # a deferred one executes until its response
+                    executing.pop(item.rid, None)
             self.outputs.drop_buffers()
-        return cancelled + [r for r in replies if r is not None]
+        return answered + [r for r in replies if r is not None]
+
+    def _answer_cancelled(
+        self, items: Sequence[Item], worker: link.WorkerLink | None
+    ) -> list[tuple[m.InferDone, list[memoryview]]]:
+        """Requests cancelled while they waited: answered here, not run (a decoupled
+        model's through the link, as its responses go)."""
+        replies: list[tuple[m.InferDone, list[memoryview]]] = []
+        for item in items:
+            error = TritonError("Request was cancelled", TritonError.CANCELLED)
+            if self.decoupled and worker is not None:
+                worker.send(m.StreamResponse(item.rid, final=True, error=error.message(),
+                                             error_code="cancelled"))  # fmt: skip
+            else:
+                replies.append((error_reply(item.rid, error), []))
+        return replies
 
     def _late(self, done: m.InferDone, buffers: list[memoryview]) -> None:
         """A response sent after its ``execute`` returned, to the server."""
@@ -290,7 +319,7 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 return rescheduling.rescheduled_reply(item.rid, response), []
             answer = response if response is not None else self.answers.returned(item.rid)
         except BaseException as exc:
-            return self._error_reply(item.rid, exc), []
+            return error_reply(item.rid, exc), []
         if answer is Deferred.LATER:
             return m.InferDone(item.rid, deferred=True), []
         return self._answer(item, answer, settled)
@@ -308,15 +337,15 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
                 raise error
             if fenced:  # a direct call: fences, not waits
                 fences = gpu_bls.reply_fences(item, response)
-                reply = self._reply(item, response, cuda_peers.EVERY_DEVICE)
+                reply = self.outputs.reply(item, response, cuda_peers.EVERY_DEVICE)
                 reply[0].fences = fences
                 return reply
-            return self._reply(item, response, settled)
+            return self.outputs.reply(item, response, settled)
         except BaseException as exc:
             if fenced:  # the caller finds its memory as it waits
                 with contextlib.suppress(pb_utils.TritonModelException):
                     gpu_bls.settle_borrowed([item], every=True)
-            return self._error_reply(item.rid, exc), []
+            return error_reply(item.rid, exc), []
 
     def _failed(
         self, ran: Sequence[Item], running: list[int],
@@ -332,14 +361,15 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             if sent is not None:
                 replies[index] = self._answer(item, sent, settled, fenced=False)
             else:
-                replies[index] = self._error_reply(item.rid, exc), []
+                replies[index] = error_reply(item.rid, exc), []
 
-    def _request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
+    def request(self, msg: Item, payload: memoryview) -> pb_utils.InferenceRequest:
+        """The InferenceRequest the model gets for ``msg``; raises if it cannot be made."""
         if type(msg) is m.Infer and msg.fences:  # a direct caller's GPU work, not waited
             # for: waited for here, on the CPU, so that the model finds its inputs ready on
             # any stream, as always (by the time the call arrives it is usually done)
             cuda_peers.wait_fences(msg.fences, on_cpu=True)
-        inputs = [self._input_tensor(ref, payload) for ref in msg.inputs]
+        inputs = [self.inputs.tensor(ref, payload) for ref in msg.inputs]
         request = pb_utils.InferenceRequest._received(
             self.load.model_name, inputs, msg.outputs, msg.request_id, msg.parameters
         )
@@ -357,55 +387,13 @@ class ModelRunner(InputReading, SharedMemoryForBls, Cancellation):
             request._output_buffer = self._untargeted_buffer  # type: ignore[attr-defined]
         return request
 
-    def _reply(
-        self, msg: Item, response: pb_utils.InferenceResponse, settled: AbstractSet[int]
-    ) -> tuple[m.InferDone, list[memoryview]]:
-        refs, buffers, params = self.encode_outputs(msg, response, settled)
-        return m.InferDone(rid=msg.rid, outputs=refs, parameters=params), buffers
-
-    def encode_outputs(
-        self, msg: Item, response: pb_utils.InferenceResponse,
-        settled: AbstractSet[int] = frozenset(),
-    ) -> tuple[list[m.TensorRef], list[memoryview], dict[str, m.ParamValue]]:  # fmt: skip
-        """A response's outputs as refs (inline, output arena or client region), the inline
-        buffers, and its parameters. ``settled``: the devices whose work was waited for
-        since ``execute`` returned (GPU outputs lent on them are not waited for again)."""
-        wanted = msg.outputs  # a few names: a list is looked through as fast as a set
-        targets = {t.name: t for t in msg.output_regions} if msg.output_regions else None
-        refs: list[m.TensorRef] = []
-        buffers: list[memoryview] = []
-        offset = 0
-        for tensor in response.output_tensors():
-            if wanted and tensor.name() not in wanted:
-                continue
-            target = targets.get(tensor.name()) if targets else None
-            lent = None
-            if msg.lend and not tensor.is_cpu() and target is None:  # GPU, to a BLS caller
-                lent = self.gpu_lender.lend(tensor, self.regions, settled)
-            if lent is not None:
-                refs.append(lent)
-                continue
-            ref, buffer = self.outputs.ref(tensor, offset, target)
-            refs.append(ref)
-            if buffer is not None:
-                buffers.append(buffer)
-                offset += buffer.nbytes
-        text = response.parameters()
-        params = json.loads(text) if text != "{}" else {}
-        return refs, buffers, params
-
     def unmap_regions(self, regions: list[int]) -> None:
+        """Client regions the server has unregistered: unmapped here."""
         self.regions.unmap(regions)
 
-    def _error_reply(self, rid: int, exc: BaseException) -> m.InferDone:
-        message, code = self.describe_error(exc)
-        return m.InferDone(rid=rid, error=message, error_code=code)
-
-    def describe_error(self, exc: BaseException) -> tuple[str, str]:
-        """The message and ErrorCode value a client sees for the model's failure."""
-        if isinstance(exc, TritonError):
-            return exc.message(), exc.error_code().value
-        return describe_exception(exc), "internal"
+    def drop_arenas(self, arenas: list[int]) -> None:
+        """Other workers' arenas mapped here (BLS) whose workers are gone."""
+        self.peers.drop(arenas)
 
     def release(self, offsets: Sequence[int], gpu: Sequence[int] = ()) -> None:
         """Output-arena space the server is done with; ``gpu``: lent GPU outputs given back."""

@@ -1,6 +1,6 @@
-"""Where a BLS caller's tensors can travel by reference (``backend.bls.BlsMemory``), as
-the worker's ModelRunner answers it: client regions, the input arena, other workers'
-arenas mapped here, client CUDA regions; or a copy staged once in the output arena."""
+"""Where a BLS caller's tensors can travel by reference (``bls.tensors.BlsMemory``), as a
+worker answers it: client regions, the input arena, other workers' arenas mapped here,
+client CUDA regions; or a copy staged once in the output arena."""
 
 from __future__ import annotations
 
@@ -9,20 +9,23 @@ from typing import Any
 import numpy.typing as npt
 
 from dlserve.ipc import messages as m
-from dlserve.tensors.arena import Arena, ShmSegment
+from dlserve.tensors.arena import Arena, ShmSegment, buffer_address
 from dlserve.worker.bls.peers import PeerArenas
 from dlserve.worker.client_regions import ClientRegions
 from dlserve.worker.outputs import INLINE_OUTPUT_LIMIT
 
 
 class SharedMemoryForBls:
-    """Mixed into ModelRunner, which sets these attributes."""
+    """The worker's memory its BLS calls can pass by reference (one per instance; the link
+    holds it as its ``BlsMemory``)."""
 
-    regions: ClientRegions
-    peers: PeerArenas
-    input_arena: ShmSegment
-    output_arena: Arena
-    _input_base: int
+    def __init__(
+        self, regions: ClientRegions, peers: PeerArenas, input_arena: ShmSegment, output: Arena
+    ) -> None:
+        self.regions, self.peers = regions, peers
+        self.input_arena = input_arena
+        self._input_base = buffer_address(input_arena.buffer)  # where the caller's inputs are
+        self.output_arena = output  # where a copy is staged
 
     def locate(self, array: npt.NDArray[Any]) -> m.TensorRef | None:
         """A ref to ``array``'s bytes when another worker can map them: in a client's

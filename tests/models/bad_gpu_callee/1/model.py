@@ -3,11 +3,13 @@ by IPC handle; HELD counts the output-arena pieces and the lent GPU outputs in u
 execute began. A negative first element of INPUT0 names OUTPUT0 with bytes (a private
 attribute set), so the reply is a frame its reader cannot read."""
 
+import gc
 import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from dlserve.worker.bls.gpu import GpuLender
 from dlserve.worker.link import link
 
 
@@ -15,8 +17,9 @@ class TritonPythonModel:
     def execute(self, requests):
         import torch
 
-        runner = link.current().memory
-        held = len(runner.output_arena._used) + len(runner.gpu_lender._lent)
+        memory = link.current().memory
+        [lender] = [o for o in gc.get_objects() if isinstance(o, GpuLender)]  # the instance's
+        held = len(memory.output_arena._used) + len(lender._lent)
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
