@@ -15,6 +15,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from dlserve import pb_utils as backend
 from dlserve.ipc import codec
@@ -109,12 +111,24 @@ class _Serving:
         self.worker = worker
         self.arenas = arenas
         self.runner: ModelRunner | None = None
+        self.stopped = False  # the server has said Shutdown
+        # each frame the server sends the serve loop, by type (any other: nothing to do)
+        self._handlers: dict[type, Callable[[Any, memoryview], None]] = {
+            m.Infer: self._infer,
+            m.InferBatch: self._infer_batch,
+            m.Release: self._release,
+            m.UnmapRegions: self._unmap_regions,
+            m.LogSettings: self._log_settings,
+            m.DropArenas: self._drop_arenas,
+            m.Load: self._load,
+            m.Shutdown: self._shutdown,
+        }
 
     def run(self) -> None:
         """Handle frames until Shutdown or until the server goes away; finalize either way."""
         try:
-            while self.step():
-                pass
+            while not self.stopped:
+                self.step()
         except ChannelClosed:
             pass
         finally:
@@ -125,45 +139,57 @@ class _Serving:
                 arena.close()
             self.worker.close_direct()
 
-    def step(self) -> bool:
-        """Handle one frame; False once the server has said Shutdown."""
+    def step(self) -> None:
+        """Handle one frame."""
         (msg, payload), direct = self.worker.next_work()
         if direct is not None:  # from a worker calling this instance directly
             if self.runner is not None:
                 serve_direct(self.runner, self.worker, direct, msg, payload)
-        elif isinstance(msg, m.Infer):
-            assert self.runner is not None, "Infer before Load"
-            reply = self.runner.infer(msg, payload)
-            if reply is not None:  # None: a decoupled model's responses went out already
-                self.worker.send(*reply)
-        elif isinstance(msg, m.InferBatch):
-            assert self.runner is not None, "InferBatch before Load"
-            self.worker.send_many(self.runner.execute(msg.items, msg.release, payload))
-        elif isinstance(msg, m.Release):
-            if self.runner is not None:
-                self.runner.release(msg.offsets, msg.gpu)
-        elif isinstance(msg, m.UnmapRegions):
-            if self.runner is not None:
-                self.runner.unmap_regions(msg.regions)
-        elif isinstance(msg, m.LogSettings):
-            os.environ.update(
-                log_settings_env(msg.verbose, msg.info, msg.warning, msg.error, msg.iso8601)
-            )
-        elif isinstance(msg, m.DropArenas):
-            if self.runner is not None:
-                self.runner.drop_arenas(msg.arenas)
-        elif isinstance(msg, m.Load):
-            self.runner = load(self.worker, msg, self.runner, self.arenas)
-        elif isinstance(msg, m.Shutdown):
-            self.worker.served.close_all()  # direct callers go through the server now
-            runner, self.runner = self.runner, None
-            self.worker.serving = False  # no BLS while the model finalizes
-            if runner is not None:
-                runner.finalize()
-            self.worker.send(m.Closed())
-            return False
-        # a MetricValueReply here answers a call that gave up waiting: nothing to do
-        return True
+            return
+        try:
+            handler = self._handlers[type(msg)]
+        except KeyError:  # a MetricValueReply here answers a call that gave up waiting
+            return
+        handler(msg, payload)
+
+    def _infer(self, msg: m.Infer, payload: memoryview) -> None:
+        assert self.runner is not None, "Infer before Load"
+        replies = self.runner.execute((msg,), msg.release, payload)
+        if replies:  # none: a decoupled model's responses went out already
+            self.worker.send(*replies[0])
+
+    def _infer_batch(self, msg: m.InferBatch, payload: memoryview) -> None:
+        assert self.runner is not None, "InferBatch before Load"
+        self.worker.send_many(self.runner.execute(msg.items, msg.release, payload))
+
+    def _release(self, msg: m.Release, payload: memoryview) -> None:
+        if self.runner is not None:
+            self.runner.release(msg.offsets, msg.gpu)
+
+    def _unmap_regions(self, msg: m.UnmapRegions, payload: memoryview) -> None:
+        if self.runner is not None:
+            self.runner.unmap_regions(msg.regions)
+
+    def _log_settings(self, msg: m.LogSettings, payload: memoryview) -> None:
+        os.environ.update(
+            log_settings_env(msg.verbose, msg.info, msg.warning, msg.error, msg.iso8601)
+        )
+
+    def _drop_arenas(self, msg: m.DropArenas, payload: memoryview) -> None:
+        if self.runner is not None:
+            self.runner.drop_arenas(msg.arenas)
+
+    def _load(self, msg: m.Load, payload: memoryview) -> None:
+        self.runner = load(self.worker, msg, self.runner, self.arenas)
+
+    def _shutdown(self, msg: m.Shutdown, payload: memoryview) -> None:
+        self.worker.served.close_all()  # direct callers go through the server now
+        runner, self.runner = self.runner, None
+        self.worker.serving = False  # no BLS while the model finalizes
+        if runner is not None:
+            runner.finalize()
+        self.worker.send(m.Closed())
+        self.stopped = True
 
 
 def main(argv: list[str] | None = None) -> int:
