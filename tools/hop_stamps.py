@@ -60,8 +60,8 @@ STAMPS = [
     ("worker/bls/direct_caller.py", "self.call.done(done, lent_count(done))", "call.done", "after"),
     ("worker/link/link.py", "source = self.served.ready(self._channel)", "serve.ready", "after"),
     ("worker/bls/direct_callee.py", "conn.given_back(msg.release)", "serve.infer", "before"),
-    ("worker/bls/direct_callee.py", "conn.channel.send(done, buffers)", "serve.reply", "before"),
-    ("worker/bls/direct_callee.py", "conn.channel.send(done, buffers)", "serve.sent", "after"),
+    ("worker/bls/direct_callee.py", "for _ in range(2):\n        try:", "serve.reply", "before"),
+    ("worker/bls/direct_callee.py", "try:\n            conn.channel.send(", "serve.sent", "after"),
     ("worker/main.py", "replies = self.runner.execute((msg,)", "worker.infer", "before"),
     ("worker/main.py", "self.worker.send(*replies[0])", "worker.sent", "after"),
     ("worker/runner.py", "        if release:\n            self.release(", "run.start", "before"),
@@ -81,7 +81,7 @@ STAMPS = [
     ),
     (
         "ipc/channel.py",
-        "message = self._decoder.decode(memoryview(self._buf)[head",
+        "message = self._decoder.decode(memoryview(buf)[head",
         "recv.decoded",
         "after",
     ),
@@ -100,7 +100,7 @@ STAMPS = [
     ("worker/bls/gpu.py", "return m.TensorRef(tensor.name(), ", "lend.counted", "before"),
     (
         "worker/bls/direct_callee.py",
-        "done.outputs = [worker.served.lent_ref",
+        "done, buffers = reply\n    done.outputs = [worker.served.lent_ref",
         "serve.lent",
         "after",
     ),
