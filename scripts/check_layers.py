@@ -43,8 +43,6 @@ EXCEPTIONS: dict[str, set[str]] = {
     # --debug and the in-process tests run a worker's serve loop in a thread of the server
     "server/core/instances/thread": {"worker/main"},
 }
-# edges that still cross a rule while they are being removed (none now)
-PENDING: dict[str, set[str]] = {}
 WEB = {"grpc", "starlette", "uvicorn", "httptools", "fastapi", "aiohttp"}
 FORBIDDEN_EVERYWHERE = {"pickle", "cPickle", "cloudpickle", "dill", "shelve", "marshal"}
 NO_WEB = ("server/core", "worker", "pb_utils", "tensors", "ipc", "types", "errors")
@@ -98,7 +96,7 @@ def violations(path: Path) -> list[str]:
     found: list[str] = []
     package = package_of(path)
     module = "/".join(path.relative_to(SRC).with_suffix("").parts)
-    excepted = EXCEPTIONS.get(module, set()) | PENDING.get(module, set())
+    excepted = EXCEPTIONS.get(module, set())
     for name in imports(path):
         top = name.split(".")[0]
         if top in FORBIDDEN_EVERYWHERE:

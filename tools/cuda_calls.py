@@ -69,7 +69,7 @@ def callee_steps(x: Any) -> None:
 
     from dlserve import pb_utils as pb_utils
     from dlserve.worker.bls import cuda_peers
-    from dlserve.worker.bls import gpu as gpu_bls
+    from dlserve.worker.bls import gpu_lending as gpu_bls
     from dlserve.worker.client_regions import ClientRegions
 
     tensor = pb_utils.Tensor._wrap_gpu(

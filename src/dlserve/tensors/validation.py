@@ -1,6 +1,6 @@
 """Checks a request against its model's inputs and outputs before it runs: in the server
-(``server/core/validation.py`` reads them from the config) and in a BLS caller that calls another
-model's instance directly (``worker/bls/direct_caller.py`` gets them from the server).
+(``server/core/request_validator.py`` reads them from the config) and in a BLS caller that calls
+another model's instance directly (``worker/bls/direct_caller.py`` gets them from the server).
 
 Messages follow Triton's so that clients matching on them keep working.
 """

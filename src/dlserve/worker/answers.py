@@ -27,7 +27,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import ChannelClosed
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException
 from dlserve.pb_utils.request import SENT_TWICE
-from dlserve.worker.bls import gpu as gpu_bls
+from dlserve.worker.bls import gpu_lending as gpu_bls
 from dlserve.worker.failures import error_reply
 from dlserve.worker.outputs import OutputWriter
 

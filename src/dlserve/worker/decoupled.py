@@ -25,7 +25,7 @@ from dlserve import pb_utils as pb_utils
 from dlserve.ipc import messages as m
 from dlserve.pb_utils import logger
 from dlserve.pb_utils.exceptions import TritonError, TritonModelException
-from dlserve.worker.bls import gpu as gpu_bls
+from dlserve.worker.bls import gpu_lending as gpu_bls
 from dlserve.worker.cancellation import Cancellation, upstream
 from dlserve.worker.event_loop import ModelLoop
 from dlserve.worker.failures import describe_error, execute_failure

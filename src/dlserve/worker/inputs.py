@@ -15,7 +15,7 @@ from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonError
 from dlserve.tensors import dtypes
 from dlserve.tensors.arena import ShmSegment
-from dlserve.worker.bls import gpu as gpu_bls
+from dlserve.worker.bls import gpu_lending as gpu_bls
 from dlserve.worker.bls.peers import PeerArenas
 from dlserve.worker.client_regions import ClientRegions
 from dlserve.worker.gpu_io import GpuIO

@@ -26,7 +26,7 @@ from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonError
 from dlserve.tensors import dtypes
 from dlserve.tensors.arena import Arena, buffer_address
-from dlserve.worker.bls.gpu import GpuLender
+from dlserve.worker.bls.gpu_lending import GpuLender
 from dlserve.worker.client_regions import ClientRegions
 from dlserve.worker.gpu_io import GpuIO
 

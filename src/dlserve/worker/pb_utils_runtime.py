@@ -12,12 +12,12 @@ from __future__ import annotations
 from dlserve.ipc import messages as m
 from dlserve.pb_utils.exceptions import TritonModelException
 from dlserve.pb_utils.runtime import outside_metrics
-from dlserve.worker.bls import calls
+from dlserve.worker.bls import model_calls as calls
 from dlserve.worker.link import link
 
 
 class WorkerRuntime:
-    """pb_utils' ModelRuntime: BLS and model control (``worker/bls/calls.py``), custom
+    """pb_utils' ModelRuntime: BLS and model control (``worker/bls/model_calls.py``), custom
     metrics and the model's name (the link)."""
 
     def __init__(self) -> None:

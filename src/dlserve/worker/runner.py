@@ -28,7 +28,7 @@ from dlserve.tensors.arena import Arena, ShmSegment
 from dlserve.worker import gpu_io, rescheduling
 from dlserve.worker.answers import Answers, Deferred, Execute, Route
 from dlserve.worker.bls import cuda_peers
-from dlserve.worker.bls import gpu as gpu_bls
+from dlserve.worker.bls import gpu_lending as gpu_bls
 from dlserve.worker.bls.memory import SharedMemoryForBls
 from dlserve.worker.bls.peers import PeerArenas
 from dlserve.worker.cancellation import Cancellation, upstream

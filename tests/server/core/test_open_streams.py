@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from dlserve import errors
-from dlserve.server.core.streams import OpenStreams
+from dlserve.server.core.streaming import OpenStreams
 
 
 def test_drain_returns_when_the_last_stream_ends() -> None:

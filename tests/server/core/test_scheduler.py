@@ -20,7 +20,7 @@ import pytest
 
 from dlserve import errors
 from dlserve.server.core.service import InferenceService
-from dlserve.server.core.streams import StreamItem
+from dlserve.server.core.streaming import StreamItem
 from dlserve.types import InferRequest, ParamValue
 
 from .harness import (

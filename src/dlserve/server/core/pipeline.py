@@ -24,12 +24,12 @@ from dlserve.server.core import classification
 from dlserve.server.core.cache.response_cache import cacheable
 from dlserve.server.core.calls import ensemble_steps
 from dlserve.server.core.calls.ensemble import Lent, StepMemory
+from dlserve.server.core.instances.decoupled_replies import StreamReply, StreamSink
 from dlserve.server.core.instances.replies import WorkerReply
-from dlserve.server.core.instances.streams import StreamReply, StreamSink
 from dlserve.server.core.models.manager import ModelEntry, ModelManager, ModelVersion
 from dlserve.server.core.models.repository import Repository
 from dlserve.server.core.shm.registry import RegionLease, RegionRegistry
-from dlserve.server.core.streams import (
+from dlserve.server.core.streaming import (
     NO_CALL,
     Call,
     StreamItem,

@@ -24,7 +24,7 @@ from dlserve.ipc import codec
 from dlserve.ipc import messages as m
 from dlserve.ipc.channel import BlockingChannel
 from dlserve.worker.bls import cuda_peers
-from dlserve.worker.link import frames
+from dlserve.worker.link import bad_frames as frames
 
 if TYPE_CHECKING:
     from dlserve.worker.link.link import WorkerLink

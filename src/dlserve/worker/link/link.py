@@ -41,7 +41,7 @@ from dlserve.pb_utils.exceptions import TritonModelException
 from dlserve.worker.bls import cuda_peers
 from dlserve.worker.bls.direct_callee import Served, ServedCalls, receive_fds
 from dlserve.worker.bls.direct_caller import DirectCalls
-from dlserve.worker.link import frames
+from dlserve.worker.link import bad_frames as frames
 from dlserve.worker.link.flow import FlowControl
 
 if TYPE_CHECKING:

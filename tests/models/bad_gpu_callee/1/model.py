@@ -9,7 +9,7 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from dlserve.worker.bls.gpu import GpuLender
+from dlserve.worker.bls.gpu_lending import GpuLender
 from dlserve.worker.link import link
 
 

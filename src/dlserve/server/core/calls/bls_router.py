@@ -36,7 +36,7 @@ from dlserve.server.core.scheduling.sequence_config import (
     SEQUENCE_ID,
     SEQUENCE_START,
 )
-from dlserve.server.core.streams import Call, StreamItem
+from dlserve.server.core.streaming import Call, StreamItem
 from dlserve.types import (
     ArenaSpan,
     CudaSpan,

@@ -26,6 +26,7 @@ from dlserve.ipc import messages as m
 from dlserve.ipc.channel import AsyncChannel
 from dlserve.ipc.log_environment import log_settings_env
 from dlserve.server.core.instances import polling, unreadable
+from dlserve.server.core.instances.decoupled_replies import DecoupledStreams
 from dlserve.server.core.instances.lending import ArenaLending
 from dlserve.server.core.instances.pending import Pending, ReplyCallback
 from dlserve.server.core.instances.placement import (
@@ -37,7 +38,6 @@ from dlserve.server.core.instances.placement import (
     replace_inputs,
 )
 from dlserve.server.core.instances.replies import Outcome, ReplyReader, WorkerReply
-from dlserve.server.core.instances.streams import DecoupledStreams
 from dlserve.tensors.arena import Arena, ShmSegment
 from dlserve.types import InputTensor
 

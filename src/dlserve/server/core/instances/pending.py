@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from dlserve.ipc import messages as m
 
 if TYPE_CHECKING:
+    from dlserve.server.core.instances.decoupled_replies import StreamSink
     from dlserve.server.core.instances.replies import Outcome
-    from dlserve.server.core.instances.streams import StreamSink
 
 ReplyCallback = Callable[["Outcome"], None]
 

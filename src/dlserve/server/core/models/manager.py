@@ -36,12 +36,12 @@ from dlserve.server.core.models.versions import UNLOADED as UNLOADED
 from dlserve.server.core.models.versions import ModelEntry as ModelEntry
 from dlserve.server.core.models.versions import ModelVersion as ModelVersion
 from dlserve.server.core.models.versions import instance_specs
+from dlserve.server.core.request_validator import RequestValidator
 from dlserve.server.core.scheduling.iterative import IterativeScheduler
 from dlserve.server.core.scheduling.scheduler import Scheduler
 from dlserve.server.core.scheduling.sequences import SequenceScheduler
 from dlserve.server.core.telemetry.metrics import CustomMetrics
 from dlserve.server.core.telemetry.stats import ModelStats
-from dlserve.server.core.validation import RequestValidator
 from dlserve.types import ModelState
 
 log = logging.getLogger("dlserve.models")

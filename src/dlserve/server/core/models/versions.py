@@ -16,10 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from dlserve.server.core.cache.response_cache import ModelCache
 from dlserve.server.core.calls.ensemble import EnsemblePlan
 from dlserve.server.core.instances.pool import InstanceSpec, WorkerPool
+from dlserve.server.core.request_validator import RequestValidator
 from dlserve.server.core.scheduling.scheduler import Scheduler
-from dlserve.server.core.streams import OpenStreams
+from dlserve.server.core.streaming import OpenStreams
 from dlserve.server.core.telemetry.stats import ModelStats
-from dlserve.server.core.validation import RequestValidator
 from dlserve.types import ModelState
 
 

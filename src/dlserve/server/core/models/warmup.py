@@ -25,7 +25,7 @@ from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.pool import WorkerPool
 from dlserve.server.core.instances.replies import Outcome
 from dlserve.server.core.models.config import ConfigError
-from dlserve.server.core.validation import RequestValidator
+from dlserve.server.core.request_validator import RequestValidator
 from dlserve.tensors import dtypes
 from dlserve.types import InferRequest, InputTensor
 

@@ -31,9 +31,9 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from dlserve import errors
+from dlserve.server.core.instances.decoupled_replies import StreamSink
 from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.replies import WorkerReply
-from dlserve.server.core.instances.streams import StreamSink
 from dlserve.server.core.shm.registry import RegionLease
 
 QUEUE_FULL = "Exceeds maximum queue size"

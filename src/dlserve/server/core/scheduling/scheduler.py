@@ -37,12 +37,12 @@ from typing import Any, cast
 
 from dlserve import errors
 from dlserve.ipc import messages as m
+from dlserve.server.core.instances.decoupled_replies import StreamSink
 from dlserve.server.core.instances.handle import WorkerHandle, WorkItem
 from dlserve.server.core.instances.pending import ReplyCallback
 from dlserve.server.core.instances.placement import NO_SPANS
 from dlserve.server.core.instances.pool import WorkerPool
 from dlserve.server.core.instances.replies import Outcome, WorkerReply
-from dlserve.server.core.instances.streams import StreamSink
 from dlserve.server.core.scheduling.executions import Execution, InFlight
 from dlserve.server.core.scheduling.queues import TIMEOUT_EXPIRED, BatchPolicy, Job, JobQueue
 from dlserve.server.core.scheduling.sequence_config import (

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from dlserve.errors import InvalidArgumentError
-from dlserve.server.core.streams import StreamItem
+from dlserve.server.core.streaming import StreamItem
 from dlserve.server.frontends.grpc import shm
 from dlserve.server.frontends.requests import checked_version
 from dlserve.tensors import dtypes

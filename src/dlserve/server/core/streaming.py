@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dlserve import errors
+from dlserve.server.core.instances.decoupled_replies import StreamReply, StreamSink
 from dlserve.server.core.instances.handle import WorkerHandle
 from dlserve.server.core.instances.replies import WorkerReply
-from dlserve.server.core.instances.streams import StreamReply, StreamSink
 from dlserve.server.core.shm.registry import RegionLease
 from dlserve.types import InferRequest, InferResponse, OutputTensor
 
