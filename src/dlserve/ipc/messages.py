@@ -276,7 +276,8 @@ class StreamResponse(_Msg, tag=104):
 # consumer gives credit back in batches of half of it (one Credit frame per 32 responses or
 # 4 MiB when it keeps up). The final response is never held back. 64 rather than 16: a
 # model that sends small responses faster than the client reads them waits for credit,
-# and on the 2-vCPU VM each wake-up cost ~30% of 5000 16-byte responses' time at 16.
+# and with 16 the wake-ups took a large share of a stream of small responses' time (the
+# performance page, Measurements behind design decisions).
 WINDOW_RESPONSES = 64
 WINDOW_BYTES = 8 * 1024 * 1024
 

@@ -149,7 +149,7 @@ class on_device:
         self.previous = -1
 
     def __enter__(self) -> None:
-        if _current(self.device):  # ~2 us a call saved on the BLS path
+        if _current(self.device):  # the device call saved on the BLS path
             return
         self.previous = current_device()
         if self.previous != self.device:
@@ -175,8 +175,8 @@ def _handle(raw: bytes) -> Any:
 def open_handle(raw: bytes, device: int, peer_access: bool = True) -> int:
     """Map another process's allocation into this one, in ``device``'s context.
 
-    The pointer is the start of the exporter's allocation. Each open costs about 470 us
-    the first time: callers cache the pointer and close it once (:func:`close_handle`).
+    The pointer is the start of the exporter's allocation. An open is dear (far more than
+    a request's own work): callers cache the pointer and close it once (:func:`close_handle`).
     Without ``peer_access`` the open fails unless the memory is on ``device`` itself.
     """
     runtime = _runtime()
@@ -198,7 +198,7 @@ def allocation_size(raw: bytes, device: int) -> int:
 
     Which GPU the memory is on cannot be asked: for an IPC mapping CUDA reports the device
     that opened it (cudaPointerGetAttributes) or 0 (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL),
-    measured on an H200 pair. The registration's device_id is trusted, as Triton does.
+    as seen on two GPUs of one host. The registration's device_id is trusted, as Triton does.
     """
     with on_device(device):
         ptr = open_handle(raw, device)
@@ -372,8 +372,8 @@ def create_ipc_event(device: int) -> tuple[Any, bytes]:
 
 
 def open_ipc_event(raw: bytes, device: int) -> Any:
-    """Open another process's interprocess event in ``device``'s context (~0.2-0.3 ms on an
-    H200: callers open each handle once)."""
+    """Open another process's interprocess event in ``device``'s context (dear:
+    callers open each handle once)."""
     if len(raw) != EVENT_HANDLE_SIZE:
         raise ValueError(f"a cudaIpcEventHandle_t is {EVENT_HANDLE_SIZE} bytes, not {len(raw)}")
     runtime = _runtime()

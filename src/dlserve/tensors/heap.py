@@ -5,8 +5,8 @@ message as it arrives, an output's bytes for the wire) and in a model (its outpu
 glibc's defaults such a buffer gets fresh pages from the kernel each time: either it is
 mapped on its own (above the mmap threshold) or the heap's top is given back once more
 than twice that much is free (the trim threshold) and taken again. Every fresh page
-faults on its first write: for 4 MB, 1024 faults, several milliseconds on a small VM
-against ~0.4 ms for the copy itself. Buffers up to 32 MB come from the heap, and up to
+faults on its first write: for 4 MB, 1024 faults, which cost several times the copy
+itself (the performance page has the numbers). Buffers up to 32 MB come from the heap, and up to
 128 MB of freed heap is kept, so the next request reuses pages that are already there.
 
 The user's own ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` win; nothing
@@ -18,8 +18,7 @@ keeping those bytes in the worker's caches only evicts what the processes on the
 path need next. glibc switches to such stores above a threshold it derives from the shared
 cache per thread; a VM that reports its host's whole L3 to a few vCPUs gets a threshold of
 tens of megabytes, so it never does. The workers get glibc's usual bare-metal value, 1 MiB
-(measured on the 2-vCPU VM, a 4 MB request through system shared memory: p50 1.0 ms
-against 1.4 ms, docs/benchmarks.md).
+(docs/benchmarks.md, Measurements behind design decisions).
 """
 
 from __future__ import annotations

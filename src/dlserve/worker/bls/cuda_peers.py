@@ -9,7 +9,7 @@ region's handle (``tensors._gpu_ref``).
 
 A sender exports the allocation that holds a pointer (``cuMemGetAddressRange`` gives
 its base, ``cuIpcGetMemHandle`` its handle) and sends (handle, offset). A receiver
-opens each handle once and keeps it open (an open costs ~470 us on an H200), so a
+opens each handle once and keeps it open (an open is dear), so a
 pointer is ``base + offset``. The sender keeps the memory alive until the receiver's
 response is back (inputs) or until the receiver gives it back (outputs); a receiver
 gives an output back only once its own queued work is done (:func:`settle`).

@@ -5,7 +5,7 @@ notice its death.
 (``process.py`` or ``thread.py``: how the other side runs), a :class:`ReplyReader`
 (``replies.py``: a reply read where it arrives), its :class:`ArenaLending` (``lending.py``:
 the memory workers lend each other for BLS) and its :class:`DecoupledStreams`
-(``streams.py``). A worker's own calls (metrics, BLS, model control) come in on the same
+(``decoupled_replies.py``). A worker's own calls (metrics, BLS, model control) come in on the same
 connection; each kind of frame has its handler in one table.
 """
 

@@ -1,8 +1,8 @@
 """Polling instead of sleeping, in the server's loop (for workers' replies) and in the
 workers (for their next frame): ``--reply-poll-us`` and ``--busy-poll-us``.
 
-Waking a sleeping process costs tens to hundreds of microseconds (measured on a 2-vCPU
-VM and an H200 host); docs/architecture.md, Decisions, has the numbers.
+Waking a sleeping process costs more than a small request's own work; docs/architecture.md
+(Decisions) says why these are the defaults, the performance page has the numbers.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def set_busy_poll(microseconds: int, reply_poll_us: int = REPLY_POLL_US) -> None
     now on poll for their next frame this long before sleeping, and while requests are in
     flight the server's loop polls for replies instead of sleeping. ``reply_poll_us``
     (``--reply-poll-us``): without that, the server's loop still polls for a reply this
-    long after it sends a request, then sleeps. Waking a sleeping process costs tens to
-    hundreds of microseconds (measured on a 2-vCPU VM and an H200 host)."""
+    long after it sends a request, then sleeps. Waking a sleeping process costs more than a
+    small request's own work."""
     global _busy_poll_us, _reply_poll_s
     if microseconds < 0 or reply_poll_us < 0:
         raise ValueError("polling time must be >= 0 microseconds")

@@ -37,7 +37,7 @@ class RouteGuard:
 
     def restriction_of(self, scope: Scope) -> Restriction | None:
         """The restriction of the route the request goes to (None: none, or no route);
-        remembered by method and path, as matching every route costs ~15 us."""
+        remembered by method and path, as matching every route costs far more than the lookup."""
         key = (scope["method"], scope["path"])
         try:
             return self._known[key]
