@@ -140,8 +140,8 @@ def repository_for(cases: list[Case], root: Path) -> Path:
     return root
 
 
-def run_case(binary: Path, case: Case, server: _triton.RunningServer, window_ms: int,
-             round_: int) -> Result:  # fmt: skip
+def run_case(binary: Path, case: Case, server: _triton.RunningServer,
+             args: argparse.Namespace, round_: int) -> Result:  # fmt: skip
     result = Result(case.name, case.protocol, case.clients, server.name, round_)
     url = server.grpc_url if case.protocol == "grpc" else server.http_url
     with tempfile.TemporaryDirectory() as scratch:
@@ -149,7 +149,8 @@ def run_case(binary: Path, case: Case, server: _triton.RunningServer, window_ms:
         command = [
             str(binary), "-m", case.model, "-u", url, "-i", case.protocol,
             "--concurrency-range", f"{case.clients}:{case.clients}",
-            "--measurement-interval", str(window_ms), "--stability-percentage", "25",
+            "--measurement-interval", str(args.window_ms),
+            "--stability-percentage", str(args.stability),
             "--max-trials", "10", "--percentile", "50", "-f", str(report),
             *[arg for shape in case.shapes for arg in ("--shape", shape)],
         ]  # fmt: skip
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace, cases: list[Case]) -> list[Result]:
             for name in order:
                 with serving(name, repository, args.dlserve_args.split()) as server:
                     for case in cases:
-                        results.append(run_case(binary, case, server, args.window_ms, round_))
+                        results.append(run_case(binary, case, server, args, round_))
                         print(f"# {round_} {name:<8} {case.label:<28} {brief(results[-1])}",
                               file=sys.stderr, flush=True)  # fmt: skip
     return results
@@ -294,6 +295,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-ms", type=int, default=3000,
                         help="perf_analyzer's --measurement-interval")  # fmt: skip
+    parser.add_argument("--stability", type=int, default=25,
+                        help="perf_analyzer's --stability-percentage")  # fmt: skip
     parser.add_argument("--dlserve-args", default="", help="more `dlserve serve` options")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
