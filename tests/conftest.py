@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 TEST_MODELS = ROOT / "tests" / "models"
 STARTUP_DEADLINE_S = 120.0
-END_TO_END = ("e2e", "client")  # the folders whose tests start servers (tests/README.md)
+END_TO_END = ("e2e", "client", "deploy")  # the folders whose tests start servers (tests/README.md)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
