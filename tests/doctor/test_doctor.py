@@ -59,7 +59,8 @@ def in_shm(mount_options: str) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repository = repository_of(tmp_path_factory.mktemp("repo"), EXAMPLES / "add_sub")
-    with run_server(repository) as server:
+    socket = tmp_path_factory.mktemp("uds") / "dlserve.sock"
+    with run_server(repository, "--grpc-uds", str(socket)) as server:
         yield server
 
 
@@ -71,9 +72,11 @@ def test_passes_on_this_host(server: RunningServer) -> None:
     assert all(row["result"] != "fail" for row in rows.values())
 
 
-def test_over_grpc_too(server: RunningServer) -> None:
-    status, rows = doctor("--url", f"grpc://{server.grpc_url}")
-    assert status == 0 and rows["shared memory with server"]["result"] == "ok", rows
+def test_over_grpc_and_its_unix_socket_too(server: RunningServer) -> None:
+    socket = server.process.args[server.process.args.index("--grpc-uds") + 1]  # type: ignore[union-attr]
+    for url in (f"grpc://{server.grpc_url}", f"unix://{socket}"):
+        status, rows = doctor("--url", url)
+        assert status == 0 and rows["shared memory with server"]["result"] == "ok", rows
 
 
 @needs_namespaces
