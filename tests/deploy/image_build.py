@@ -23,9 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
+GPU_DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile.gpu"
 SUITE = os.environ.get("DLSERVE_IMAGE_SUITE", "bookworm")
 MIRROR = os.environ.get("DLSERVE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE = f"localhost/dlserve-test-base:{SUITE}"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"  # debootstrap checks the mirror
 CHROOT = ("--isolation", "chroot")
 # What a base image does not need: package caches, documentation, translations.
 STRIP = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/locale",
@@ -39,6 +41,8 @@ def missing_tools() -> str | None:
         return f"{' and '.join(absent)} not installed (scripts/setup installs them as root)"
     if os.geteuid() != 0:
         return "debootstrap and buildah's chroot isolation need root"
+    if not Path(KEYRING).exists():
+        return f"{KEYRING} missing (debian-archive-keyring; scripts/setup installs it as root)"
     return None
 
 
@@ -73,22 +77,23 @@ def base_image() -> str:
 
 
 def build_context(folder: Path) -> Path:
-    """``folder/dist``: dlserve's wheel, built from this checkout, and its dependencies'."""
+    """``folder/dist``: dlserve's wheel, built from this checkout, and its dependencies'
+    (the ``gpu`` extra's too, for Dockerfile.gpu)."""
     dist = folder / "dist"
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(dist)]
     subprocess.run([*pip, "--no-deps", str(ROOT)], check=True, capture_output=True)
     (wheel,) = dist.glob("dlserve-*.whl")
-    subprocess.run([*pip, str(wheel)], check=True, capture_output=True)
+    subprocess.run([*pip, f"{wheel}[gpu]"], check=True, capture_output=True)
     return folder
 
 
-def build_image(tag: str, context: Path, base: str) -> None:
+def build_image(tag: str, context: Path, base: str, dockerfile: Path = DOCKERFILE) -> None:
     """The Dockerfile as it is, in Docker's format (which keeps HEALTHCHECK)."""
     buildah(
         "bud", *CHROOT, "--format", "docker", "--layers=false", "-q", "-t", tag,
         "--build-arg", f"BASE_IMAGE={base}",
         "--build-arg", "PIP_OPTIONS=--no-index --find-links /dist",
-        "-f", str(DOCKERFILE), str(context),
+        "-f", str(dockerfile), str(context),
     )  # fmt: skip
 
 

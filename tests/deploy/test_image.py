@@ -8,14 +8,17 @@ that shares the host's network and /dev/shm, and the test checks: the image's re
 each, the image's HEALTHCHECK command, a system shared-memory inference from a client
 process on the host, and a clean stop on SIGTERM.
 
-It takes about a minute on two cores (debootstrap ~40 s the first time, the build ~15 s, the
-run ~10 s); ``deploy/docker/test-image`` runs it alone and prints each phase's time. It needs
-root, buildah and debootstrap (``scripts/setup`` installs them where it runs as root on
-Debian or Ubuntu) and Debian's mirror; without them it is skipped, saying which is missing.
+It takes 3 minutes on a fresh 2-core machine (debootstrap 40-110 s, two builds of about 20 s,
+the run 10 s), about 70 s once the base image is kept; ``deploy/docker/test-image`` runs it
+alone and prints each phase's time. It needs root, buildah, debootstrap and Debian's keyring
+(``scripts/setup`` installs them where it runs as root on Debian or Ubuntu) and Debian's
+mirror; without them it is skipped, saying which is missing. The last test builds
+Dockerfile.gpu on the same base (its CUDA base needs a registry).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -26,6 +29,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import image_build as ib
 import numpy as np
@@ -43,6 +47,7 @@ MAX_IMAGE_BYTES = 400_000_000  # base ~130 MB + dlserve and its dependencies ~20
 
 pytestmark = [
     pytest.mark.image,
+    pytest.mark.timeout(900),  # the first test waits for debootstrap and two builds
     pytest.mark.skipif(ib.missing_tools() is not None, reason=str(ib.missing_tools())),
 ]
 
@@ -73,14 +78,22 @@ def phase(name: str, started: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tag = f"localhost/dlserve-test:{uuid.uuid4().hex[:12]}"
+def context(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The base image and the build context."""
     started = time.monotonic()
     base = ib.base_image()
     started = phase("the base image (debootstrap, or kept from an earlier run)", started)
-    context = ib.build_context(tmp_path_factory.mktemp("context"))
-    started = phase("dlserve's wheel and its dependencies' wheels", started)
-    ib.build_image(tag, context, base)
+    folder = ib.build_context(tmp_path_factory.mktemp("context"))
+    phase("dlserve's wheel and its dependencies' wheels", started)
+    return base, folder
+
+
+@pytest.fixture(scope="module")
+def image(context: tuple[str, Path]) -> Iterator[str]:
+    tag = f"localhost/dlserve-test:{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    base, folder = context
+    ib.build_image(tag, folder, base)
     phase(f"buildah bud of {ib.DOCKERFILE.relative_to(ib.ROOT)}", started)
     print(f"image test: image size {ib.image_size(tag) / 1e6:.0f} MB", file=sys.stderr)
     yield tag
@@ -206,3 +219,28 @@ def test_sigterm_stops_it_cleanly(served: Served) -> None:
     assert served.process.wait(60) == 0
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{served.http}/v2/health/live", timeout=2)
+
+
+def test_the_gpu_recipe_builds_and_runs_the_doctor(context: tuple[str, Path]) -> None:
+    """Dockerfile.gpu on the Debian base in place of its CUDA base (which needs a registry):
+    its apt step, the ``gpu`` extra (cuda-python, NVML's bindings) and its user are checked;
+    in the container the doctor runs, finds no GPU here and fails ``--gpu`` with its fix."""
+    base, folder = context
+    tag = f"localhost/dlserve-gpu-test:{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    ib.build_image(tag, folder, base, ib.GPU_DOCKERFILE)
+    phase(f"buildah bud of {ib.GPU_DOCKERFILE.relative_to(ib.ROOT)}", started)
+    print(f"image test: GPU recipe's image size {ib.image_size(tag) / 1e6:.0f} MB", file=sys.stderr)
+    name = ib.container(tag)
+    try:
+        imports = ib.run_command(name, "python3", "-c", "import cuda.bindings.runtime, pynvml")
+        assert subprocess.run(imports, capture_output=True).returncode == 0
+        doctor = ib.run_command(name, "dlserve", "doctor", "--gpu", "--json")
+        done = subprocess.run(doctor, capture_output=True, text=True)
+        rows = {row["check"]: row for row in json.loads(done.stdout)["checks"]}
+        assert done.returncode == 1 and rows["GPUs"]["result"] == "fail", done.stdout
+        assert rows["/dev/shm writable"]["result"] == "ok"
+        assert ib.image_config(tag)["User"] == f"{IMAGE_USER}:{IMAGE_USER}"
+    finally:
+        ib.remove_container(name)
+        ib.remove_image(tag)
