@@ -50,7 +50,15 @@ def shared_ipc(client: Any) -> Row:
     cannot open it, tell a foreign namespace from a foreign user."""
     name = f"doctor_{os.getpid()}_{uuid.uuid4().hex[:8]}"  # dlserve_: reserved
     path = f"/dev/shm/{name}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # as tritonclient makes them
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # as tritonclient does
+    except OSError as exc:
+        return Row(
+            "shared memory with server",
+            "fail",
+            f"cannot make a region here: {exc.strerror}",
+            "see /dev/shm writable",
+        )
     try:
         os.write(fd, os.urandom(REGION_BYTES))
         error = _register(client, name)
