@@ -9,7 +9,7 @@ each, the image's HEALTHCHECK command, a system shared-memory inference from a c
 process on the host, and a clean stop on SIGTERM.
 
 It takes 3 minutes on a fresh 2-core machine (debootstrap 40-110 s, two builds of about 20 s,
-the run 10 s), about 70 s once the base image is kept; ``deploy/docker/test-image`` runs it
+the run 10 s), 40-70 s once the base image is kept; ``deploy/docker/test-image`` runs it
 alone and prints each phase's time. It needs root, buildah, debootstrap and Debian's keyring
 (``scripts/setup`` installs them where it runs as root on Debian or Ubuntu) and Debian's
 mirror; without them it is skipped, saying which is missing. The last test builds
@@ -203,6 +203,21 @@ def test_system_shared_memory_from_a_host_process(served: Served) -> None:
         client.unregister_system_shared_memory(name)
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_the_doctor_tells_a_server_of_another_user(served: Served) -> None:
+    """``dlserve doctor`` run here (root) against the container's server (uid 1000): the
+    server cannot open the doctor's region until it is made readable by others, which the
+    doctor reports as another user, with the fix."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dlserve.doctor", "--json", "--url", f"127.0.0.1:{served.http}"],
+        capture_output=True,
+        text=True,
+    )
+    rows = {row["check"]: row for row in json.loads(done.stdout)["checks"]}
+    row = rows["shared memory with server"]
+    assert done.returncode == 1 and row["result"] == "fail", row
+    assert "another user" in row["found"] and "uid 1000" in row["fix"]
 
 
 def server_process(served: Served) -> psutil.Process:

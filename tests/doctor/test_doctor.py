@@ -9,9 +9,10 @@ for real and reported with its fix and a non-zero exit status.
   memory cgroup of the test's, with a 512 MiB limit;
 - no GPU when the models need one (``--gpu``) on a host where NVML lists none.
 
-Not built here: a server running as another user (this machine's Python is under /root, mode
-0700, so no other uid can start it; tests/deploy/test_image.py meets that case with the
-image's uid 1000), and a failing CUDA IPC (no GPU here: the GPU rows are skipped and say so).
+Built elsewhere: a server running as another user (this machine's Python is under /root,
+mode 0700, so no other uid can start it here; tests/deploy/test_image.py runs the doctor
+against the image's server, uid 1000). Not built: a failing CUDA IPC or peer access (no GPU
+on this machine: those rows are skipped and say so).
 """
 
 from __future__ import annotations
