@@ -6,7 +6,8 @@
   of dlserve's domain. Nothing in the server imports the worker runtime or pb_utils.
 - A worker process: the runtime (``worker/``) -> pb_utils, ipc, tensors; pb_utils,
   Triton's model-facing API, imports no worker internals (the runtime installs itself).
-- Both sides: ipc -> tensors -> types, errors. Users' processes: client -> tensors.
+- Both sides: ipc -> tensors -> types, errors. Users' processes: client -> tensors. A
+  host's checks (``dlserve doctor``, beside clients): doctor -> tensors.
 
 No package of a worker or of the core imports a web stack, and nothing imports pickle.
 """
@@ -30,6 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "pb_utils": {"ipc", "tensors", "types", "errors"},
     "worker": {"pb_utils/", *BOTH},
     "client": {"tensors", "types", "errors"},
+    "doctor": {"tensors", "types", "errors"},
     "server/transport": set(),
     "server/core/instances": set(BOTH),
     "server/core": {"server/core/", *BOTH},
@@ -42,6 +44,8 @@ ALLOWED: dict[str, set[str]] = {
 EXCEPTIONS: dict[str, set[str]] = {
     # --debug and the in-process tests run a worker's serve loop in a thread of the server
     "server/core/instances/thread": {"worker/main"},
+    # `dlserve doctor` shares the `dlserve` command: the command line hands it its arguments
+    "server/cli": {"doctor/main"},
 }
 WEB = {"grpc", "starlette", "uvicorn", "httptools", "fastapi", "aiohttp"}
 FORBIDDEN_EVERYWHERE = {"pickle", "cPickle", "cloudpickle", "dill", "shelve", "marshal"}

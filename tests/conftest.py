@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 TEST_MODELS = ROOT / "tests" / "models"
 STARTUP_DEADLINE_S = 120.0
-END_TO_END = ("e2e", "client")  # the folders whose tests start servers (tests/README.md)
+# the folders whose tests start servers (tests/README.md)
+END_TO_END = ("e2e", "client", "deploy", "doctor")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -81,12 +82,18 @@ def _read_ready(process: subprocess.Popen[bytes], read_fd: int, deadline: float)
 
 @contextlib.contextmanager
 def run_server(
-    repository: Path, *extra: str, env: dict[str, str] | None = None, new_session: bool = False
+    repository: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+    prefix: tuple[str, ...] = (),
 ) -> Iterator[RunningServer]:
     """Start dlserve on free ports; ready when it says so on the ready pipe.
-    ``new_session``: in a process group of its own (a test may signal the whole group)."""
+    ``new_session``: in a process group of its own (a test may signal the whole group).
+    ``prefix``: a command that execs the server (``unshare ...``), keeping its descriptors."""
     read_fd, write_fd = os.pipe()
     command = [
+        *prefix,
         sys.executable,
         "-m",
         "dlserve",

@@ -96,6 +96,10 @@ def _restrictions(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:  # checks a host, serves nothing
+        from dlserve.doctor.main import main as doctor
+
+        return doctor((sys.argv[1:] if argv is None else argv)[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     warnings = triton_options.check(args, parser)

@@ -23,6 +23,7 @@ from dlserve.server.core.pipeline import RequestPipeline
 from dlserve.server.core.raw_input import raw_input
 from dlserve.server.core.service_api import RepositoryApi, SharedMemoryApi
 from dlserve.server.core.shm.owners import OwnerOptions, ReclaimCollector, RegionOwners
+from dlserve.server.core.shm.region_metrics import RegionCollector
 from dlserve.server.core.shm.registry import AllowClientShm, RegionRegistry
 from dlserve.server.core.telemetry.log_settings import LogSettings
 from dlserve.server.core.telemetry.metrics import Metrics
@@ -77,7 +78,11 @@ class InferenceService:
         settings = options.cache
         self.cache = ResponseCache(settings.size) if settings is not None else None
         system = SystemCollector(options.cpu_metrics, options.gpu_metrics)
-        collectors: list[Collector] = [ReclaimCollector(self.owners), system]
+        collectors: list[Collector] = [
+            ReclaimCollector(self.owners),
+            RegionCollector(self.regions),
+            system,
+        ]
         if self.cache is not None:
             collectors.append(CacheCollector(self.cache))
         self.metrics = Metrics(lambda: self.manager.all_stats(), collectors)

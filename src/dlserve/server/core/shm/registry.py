@@ -230,6 +230,10 @@ class RegionRegistry:
                 self._unregister(region)
         return gone
 
+    def sizes(self) -> list[tuple[str, int]]:
+        """(kind, byte size) of every region held now: ``system`` or ``cuda`` (metrics)."""
+        return [("cuda" if r.is_cuda else "system", r.byte_size) for r in self._regions.values()]
+
     def owned(self) -> set[int]:
         """Every process that owns a region."""
         return {pid for region in self._regions.values() for pid in region.owners}
