@@ -1,12 +1,12 @@
 """A connection refused because its listener holds its maximum of connections.
 
 The refusal is one message in the listener's protocol (HTTP/1.1: a ``503`` with
-``Connection: close``; HTTP/2: SETTINGS then GOAWAY), written as the connection opens. The
-server then half-closes and discards what the client still sends until the client closes
-too, or for ``LINGER_S``: closing at once, with the client's request unread in the
-socket, would make the kernel answer with a reset that may reach the client before the
-refusal does. At most ``MAX_LINGERING`` refused connections linger; past that a refused
-connection is closed right after the refusal is written.
+``Connection: close``; gRPC: ``grpc/refusal.py``), written as the connection opens (or
+once the client has asked). The server then half-closes and discards what the client
+still sends until the client closes too, or for ``LINGER_S``: closing at once, with the
+client's request unread in the socket, would make the kernel answer with a reset that may
+reach the client before the refusal does. At most ``MAX_LINGERING`` refused connections
+linger; past that a refused connection is closed right after its refusal is written.
 """
 
 from __future__ import annotations
@@ -19,25 +19,45 @@ MAX_LINGERING: Final = 256
 
 
 class Refusal(asyncio.Protocol):
-    """Writes ``message``, half-closes, reads and drops until EOF or ``LINGER_S``."""
+    """Writes ``message``, half-closes (unless told), drops what arrives until EOF or
+    ``LINGER_S``."""
 
     lingering = 0  # refused connections open now, over every listener
 
-    def __init__(self, message: bytes) -> None:
+    def __init__(self, message: bytes, half_close: bool = True) -> None:
         self.message = message
+        self.half_close_at_once = half_close
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)
-        self.transport = transport
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.write(self.message)
-        if Refusal.lingering >= MAX_LINGERING or not transport.can_write_eof():
+        if Refusal.lingering >= MAX_LINGERING:
             transport.close()
             return
         Refusal.lingering += 1
-        transport.write_eof()
         self.timer = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        if self.half_close_at_once:
+            self.half_close()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def half_close(self) -> None:
+        """No more from the server (a TLS connection, which cannot half-close, closes)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:
+            transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         pass  # the request is not read: it is refused

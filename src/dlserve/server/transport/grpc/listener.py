@@ -8,10 +8,9 @@ gives what is its own: the method table, how a handler's failure becomes a gRPC 
 that cannot start raises ``ListenError``.
 
 At most ``max_connections`` connections are open at once (TCP and Unix socket together);
-one more is refused as HTTP/2 lets a server refuse a connection: the server's SETTINGS,
-then GOAWAY with no stream processed (last stream 0), ENHANCE_YOUR_CALM and a debug text
-that says why (``transport/refusal.py`` writes it, half-closes and drops what arrives).
-gRPC clients report UNAVAILABLE with that text.
+one more is refused (``refusal.py``): its first call fails with UNAVAILABLE and a message
+that says why, then GOAWAY. (A refusal at the HTTP/2 level alone, GOAWAY before any
+stream, makes gRPC clients retry on and on without telling the caller.)
 
 ``stop`` is a graceful shutdown as gRPC servers do it: GOAWAY to every client (no new
 calls), the calls in flight finish, then connections close; after ``timeout`` the rest
@@ -29,20 +28,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlserve.server.transport.grpc.calls import Method
+from dlserve.server.transport.grpc.refusal import GrpcRefusal
 from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import StatusOf, status_of
 from dlserve.server.transport.listen_error import ListenError
-from dlserve.server.transport.refusal import Refusal
 from dlserve.server.transport.timing import NEVER, Timing
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled calls get to unwind when stop() runs out of time
-_REFUSAL_TEXT = b"the server has too many connections (--grpc-max-connections)"
-_REFUSAL = b"".join((
-    b"\x00\x00\x00\x04\x00\x00\x00\x00\x00",  # SETTINGS, empty: the server's preface
-    (8 + len(_REFUSAL_TEXT)).to_bytes(3, "big"), b"\x07\x00\x00\x00\x00\x00",  # GOAWAY
-    b"\x00\x00\x00\x00", b"\x00\x00\x00\x0b",  # last stream 0, ENHANCE_YOUR_CALM
-    _REFUSAL_TEXT,
-))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +116,7 @@ class GrpcServer:
         """A new connection, or its refusal when the server holds ``max_connections``."""
         limit = self.max_connections
         if limit is not None and len(self.connections) >= limit:
-            return Refusal(_REFUSAL)
+            return GrpcRefusal()
         return GrpcConnection(self)
 
     async def stop(self, timeout: float | None) -> None:

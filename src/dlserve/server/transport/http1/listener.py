@@ -41,9 +41,9 @@ from dlserve.server.transport.refusal import Refusal
 from dlserve.server.transport.timing import NEVER, Timing
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled apps get to unwind when stop() runs out of time
-_REFUSAL_TEXT = b"the server has too many connections (--http-max-connections): try again later"
+_REFUSAL_TEXT = b'{"error":"the server has too many connections (--http-max-connections)"}'
 _REFUSAL = b"".join((
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: ",
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: ",
     str(len(_REFUSAL_TEXT)).encode(), b"\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
     _REFUSAL_TEXT,
 ))  # fmt: skip
