@@ -167,7 +167,8 @@ class HttpServer:
     def sweep(self, now: float) -> None:
         """Close (or answer and close) each connection whose deadline is past ``now``."""
         self.now = now
-        for connection in [c for c in self.connections if c.deadline <= now]:
+        due = [c for c in self.connections if c.deadline <= now or c.write_deadline <= now]
+        for connection in due:
             connection.expire(now)
 
     def check_drained(self) -> None:
