@@ -179,12 +179,11 @@ def test_http_connections_past_the_maximum_get_503(few: RunningServer) -> None:
 
 def test_grpc_connections_past_the_maximum_get_unavailable(few: RunningServer) -> None:
     first = grpcclient.InferenceServerClient(few.grpc_url)
-    second = grpcclient.InferenceServerClient(few.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])  # fmt: skip
+    own_pool = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own each
+    second = grpcclient.InferenceServerClient(few.grpc_url, channel_args=own_pool)
     try:
         assert first.is_server_live() and second.is_server_live()
-        third = grpcclient.InferenceServerClient(
-            few.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)]
-        )
+        third = grpcclient.InferenceServerClient(few.grpc_url, channel_args=own_pool)
         started = time.monotonic()
         with pytest.raises(InferenceServerException, match="too many connections") as caught:
             third.is_server_live()
@@ -194,9 +193,7 @@ def test_grpc_connections_past_the_maximum_get_unavailable(few: RunningServer) -
     finally:
         first.close()
         second.close()
-    fourth = grpcclient.InferenceServerClient(
-        few.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)]
-    )
+    fourth = grpcclient.InferenceServerClient(few.grpc_url, channel_args=own_pool)
     _until(lambda: _live(fourth))
     fourth.close()
 
@@ -237,15 +234,14 @@ def test_drip_fed_connections_are_closed_by_the_head_timeout(edge: RunningServer
     with Bystander(edge.http_url, edge.grpc_url) as bystander:
         alone = bystander.alone()
         before = _rss(pid)
-        with bystander.watching() as seen:
-            with subprocess.Popen(
-                [sys.executable, str(HERE / "slowloris.py"), str(edge.http_port), str(FLOOD)],
-                stdout=subprocess.PIPE, text=True,
-            ) as attacker:  # fmt: skip
-                assert attacker.stdout is not None
-                assert attacker.stdout.readline().split() == ["open", str(FLOOD)]
-                during = _rss(pid)
-                report = json.loads(attacker.stdout.readline())
+        with bystander.watching() as seen, subprocess.Popen(
+            [sys.executable, str(HERE / "slowloris.py"), str(edge.http_port), str(FLOOD)],
+            stdout=subprocess.PIPE, text=True,
+        ) as attacker:  # fmt: skip
+            assert attacker.stdout is not None
+            assert attacker.stdout.readline().split() == ["open", str(FLOOD)]
+            during = _rss(pid)
+            report = json.loads(attacker.stdout.readline())
         after = _rss(pid)
         print(
             f"RSS before {before >> 10} KiB, during {during >> 10}, after {after >> 10}: {report}"
@@ -261,7 +257,8 @@ def _infer_request(size: int) -> bytes:
         "inputs": [{"name": "SIZE", "datatype": "INT64", "shape": [1], "data": [size]}],
         "parameters": {"binary_data_output": True},
     }).encode()  # fmt: skip
-    return b"POST /v2/models/sized_output/infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)  # fmt: skip
+    head = b"POST /v2/models/sized_output/infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d"
+    return head % len(body) + b"\r\n\r\n" + body
 
 
 def _executions(server: RunningServer) -> int:
@@ -342,9 +339,8 @@ def test_a_large_response_to_a_slow_reader(edge: RunningServer) -> None:
     timeout drops it: health checks are answered within the bound meanwhile. (Only health:
     the model making 256 MiB and the server taking it from the worker are work of the same
     two cores that the bystander's inferences need, as any large request's would be.)"""
-    with Bystander(edge.http_url, edge.grpc_url) as bystander:
-        with bystander.watching() as seen:
-            received = _read_slowly(edge, LARGE_OUTPUT, 2.0)
+    with Bystander(edge.http_url, edge.grpc_url) as bystander, bystander.watching() as seen:
+        received = _read_slowly(edge, LARGE_OUTPUT, 2.0)
     assert not seen.errors, seen.errors
     worst = max(seen.http_health), max(seen.grpc_health)
     assert max(worst) <= HEALTH_BOUND_S, f"health answered in {worst} s (HTTP, gRPC)"
