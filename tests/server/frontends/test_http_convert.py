@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import struct
 import zlib
 from typing import Any
@@ -126,17 +127,62 @@ def test_bytes_from_json_strings() -> None:
     assert bytes(request.inputs[0].data) == expected
 
 
-def test_bytes_nested_deeply_and_in_order() -> None:
+def test_bytes_nested_as_the_shape_in_order() -> None:
+    request, _ = _parse({"inputs": [_tensor("S", "BYTES", [2, 2], data=[["a", "b"], ["c", "d"]])]})
+    assert bytes(request.inputs[0].data) == b"".join(
+        struct.pack("<I", 1) + c for c in (b"a", b"b", b"c", b"d")
+    )
+
+
+def test_bytes_nested_thousands_deep_is_refused_without_recursion() -> None:
     data: list[Any] = ["z"]
     for _ in range(3000):
         data = [data]
-    request, _ = _parse({"inputs": [_tensor("S", "BYTES", [3], data=[["a", ["b"]], "c"])]})
-    assert bytes(request.inputs[0].data) == b"".join(
-        struct.pack("<I", 1) + c for c in (b"a", b"b", b"c")
-    )
-    items: list[object] = []
-    convert._flatten_strings("S", data, items)
-    assert items == ["z"]
+    with pytest.raises(errors.InvalidArgumentError, match=SHAPE):
+        convert.json_to_tensor_bytes("S", "BYTES", (1,), data)
+
+
+# Triton's message (http_server.cc) for JSON data that its shape does not describe
+SHAPE = re.escape(convert.SHAPE_MISMATCH)
+
+
+@pytest.mark.parametrize("datatype", ["INT32", "FP32", "BOOL", "BYTES"])
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [
+        ([4], [[1, 2], [3, 4]]),  # nested deeper than the shape
+        ([2, 2], [[[1], [2]], [[3], [4]]]),  # deeper still
+        ([2, 2, 1], [[1, 2], [3, 4]]),  # shallower than the shape (and not flat)
+        ([2, 2], [[1, 2], [3]]),  # ragged
+        ([2, 2], [[1, 2, 3], [4]]),  # ragged, the right count
+        ([2, 2], [1, 2, 3]),  # too few
+        ([2, 2], [1, 2, 3, 4, 5]),  # too many
+        ([2, 2], [[1, 2], [3, 4], [5, 6]]),  # one row too many
+        ([2], [1, [2]]),  # a list among scalars
+        ([], [[1]]),  # a scalar tensor nested
+    ],
+)
+def test_data_that_does_not_match_its_shape(datatype: str, shape: list[int], data: Any) -> None:
+    if datatype == "BYTES":
+        data = json.loads(json.dumps(data).replace("1", '"a"').replace("2", '"b"')
+                          .replace("3", '"c"').replace("4", '"d"').replace("5", '"e"')
+                          .replace("6", '"f"'))  # fmt: skip
+    elif datatype == "BOOL":
+        data = json.loads(json.dumps(data).replace("1", "true").replace("2", "false")
+                          .replace("3", "true").replace("4", "false").replace("5", "true")
+                          .replace("6", "false"))  # fmt: skip
+    with pytest.raises(errors.InvalidArgumentError, match=f"^{SHAPE}$"):
+        _parse({"inputs": [_tensor("X", datatype, shape, data=data)]})
+
+
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [([2, 2], [1, 2, 3, 4]), ([2, 2], [[1, 2], [3, 4]]), ([1, 2, 1], [[[1], [2]]]),
+     ([], [7]), ([0], []), ([2, 0], [[], []]), ([2, 0], [])],
+)  # fmt: skip
+def test_data_flat_or_nested_as_its_shape(shape: list[int], data: Any) -> None:
+    request, _ = _parse({"inputs": [_tensor("X", "INT32", shape, data=data)]})
+    assert bytes(request.inputs[0].data) == np.asarray(data, "<i4").tobytes()
 
 
 def test_json_nested_past_the_recursion_limit() -> None:
@@ -201,7 +247,7 @@ def test_malformed_json(body: bytes, message: str) -> None:
             _tensor("A", "FP32", [1], data=[1], parameters={"binary_data_size": 4}),
             "set 'data' 'binary_data_size'",
         ),
-        (_tensor("A", "FP32", [3], data=[1, 2]), "shape \\[3\\] has 3 elements, 'data' has 2"),
+        (_tensor("A", "FP32", [3], data=[1, 2]), "Shape does not match true shape"),
         (_tensor("A", "FP32", [2], data=[[1, 2], [3]]), "Unable to parse 'data'"),
         (_tensor("A", "FP32", [1], data=5), "expected a list"),
         (_tensor("A", "INT32", [2], data=[1.5, 2]), "INT32 expects integers, got float64"),
