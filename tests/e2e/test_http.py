@@ -340,7 +340,7 @@ def test_bf16_json(example_server: RunningServer) -> None:
 
 
 def test_json_data_nested(example_server: RunningServer) -> None:
-    """Nested as its shape: accepted; nested otherwise (here deeper than a shape [1, 4]):
+    """Nested as its shape: accepted; nested otherwise (here 2 x 2 for a shape [1, 4]):
     400 with Triton's message (docs/differences.md)."""
     inputs = [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]
     status, _, content = raw(

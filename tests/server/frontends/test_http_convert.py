@@ -7,6 +7,8 @@ import gzip
 import json
 import re
 import struct
+import time
+import tracemalloc
 import zlib
 from typing import Any
 
@@ -528,23 +530,71 @@ def test_disconnect_while_reading() -> None:
         asyncio.run(bodies.read_body(receive, None, 64))
 
 
+def _inflate(body: bytes, encoding: bytes, limit: int) -> bytes | bytearray:
+    return asyncio.run(bodies.decompress(body, encoding, limit))
+
+
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 def test_decompress(encoding: bytes) -> None:
     data = b"hello " * 100
     packed = gzip.compress(data) if encoding == b"gzip" else zlib.compress(data)
-    assert bodies.decompress(packed, encoding, 1000) == data
+    assert _inflate(packed, encoding, 1000) == data
     with pytest.raises(errors.InvalidArgumentError, match="maximum allowed input size of 100"):
-        bodies.decompress(packed, encoding, 100)
+        _inflate(packed, encoding, 100)
     with pytest.raises(errors.InvalidArgumentError, match="failed to decompress"):
-        bodies.decompress(b"not compressed", encoding, 1000)
+        _inflate(b"not compressed", encoding, 1000)
     with pytest.raises(errors.InvalidArgumentError, match="it is truncated"):
-        bodies.decompress(packed[: len(packed) // 2], encoding, 1000)
+        _inflate(packed[: len(packed) // 2], encoding, 1000)
 
 
 def test_unknown_content_encoding_is_unsupported() -> None:
     with pytest.raises(errors.UnsupportedError, match="Unsupported compression type"):
-        bodies.decompress(b"x", b"br", 10)
-    assert bodies.decompress(b"x", b"identity", 10) == b"x"
+        _inflate(b"x", b"br", 10)
+    assert _inflate(b"x", b"identity", 10) == b"x"
+
+
+def _bomb(size: int) -> bytes:
+    """``size`` zero bytes, gzipped (about a thousandth of it)."""
+    deflater = zlib.compressobj(wbits=31)
+    zeros = bytes(16 << 20)
+    parts = [deflater.compress(zeros) for _ in range(size // len(zeros))]
+    return b"".join([*parts, deflater.flush()])
+
+
+def test_a_bomb_is_refused_in_slices() -> None:
+    """256 MiB of zeros in 256 KiB of gzip, against a limit of 64 MiB: refused having
+    inflated no more than the limit and a byte, with the event loop never held for longer
+    than a slice's inflating (a ticker task sees it free all along)."""
+    bomb, limit = _bomb(256 << 20), 64 << 20
+    gaps: list[float] = []
+
+    async def scenario() -> None:
+        done = False
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        tracemalloc.start()
+        try:
+            with pytest.raises(errors.InvalidArgumentError, match="maximum allowed input size"):
+                await bodies.decompress(bomb, b"gzip", limit)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            done = True
+        await task
+        assert peak < limit + limit // 4 + 2 * bodies.INFLATE_SLICE, peak  # bytearray grows 1/8
+
+    asyncio.run(scenario())
+    assert len(gaps) >= limit // bodies.INFLATE_SLICE  # the loop ran between slices
+    assert max(gaps) < 0.1, max(gaps)
 
 
 @pytest.mark.parametrize(
@@ -564,7 +614,7 @@ def test_response_encoding(accept: bytes, chosen: bytes) -> None:
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 def test_compress_parts(encoding: bytes) -> None:
     packed = bodies.compress([b"ab", memoryview(b"cd")], encoding)
-    assert bodies.decompress(packed, encoding, 100) == b"abcd"
+    assert _inflate(packed, encoding, 100) == b"abcd"
 
 
 def test_header_length() -> None:
