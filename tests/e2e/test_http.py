@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import struct
 import shutil
 import socket
 from collections.abc import Iterator
@@ -585,6 +586,32 @@ def test_binary_body_shorter_than_its_header_says(example_server: RunningServer)
         message
         == "unexpected size for input 'INPUT1', expecting 6 additional bytes for model 'add_sub'"
     )
+    still_serving(example_server)
+
+
+@pytest.mark.parametrize(
+    ("blob", "shape"),
+    [
+        (struct.pack("<I", 10) + b"abc", [1]),  # an element runs past the end
+        (struct.pack("<I", 1) + b"a" + b"\x02\x00", [2]),  # an incomplete length
+        (struct.pack("<I", 1) + b"a", [2]),  # fewer elements than the shape
+        (struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"b", [1]),  # more
+    ],
+)
+def test_bytes_whose_length_prefixes_lie(
+    example_server: RunningServer, blob: bytes, shape: list[int]
+) -> None:
+    """Binary BYTES data whose length prefixes do not match its size or its shape: 400."""
+    parameters = {"binary_data_size": len(blob)}
+    header = json_infer(
+        inputs=[{"name": "INPUT0", "datatype": "BYTES", "shape": shape, "parameters": parameters}]
+    )
+    status, message = error_of(
+        example_server, "POST", "/v2/models/identity_bytes/infer", header + blob,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )  # fmt: skip
+    assert status == 400, message
+    assert message
     still_serving(example_server)
 
 

@@ -146,9 +146,8 @@ class Exchange:
         self.disconnected = True
         self.wake()
         task = self.task
-        if task is not None and not self.head_written and self.scope.get(CANCEL_ON_CLOSE):
+        if task is not None and not self.response_complete and self.scope.get(CANCEL_ON_CLOSE):
             task.cancel()  # nobody will read the answer: stop the work queued for it
-        # (a response being written has no work left: its send returns, and drops it)
 
     # --- receive ----------------------------------------------------------------------------
 
