@@ -6,9 +6,9 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import struct
 import shutil
 import socket
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
