@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from test_http1_connection import Receive, Send, Transport, respond, run, until
 
+from dlserve.server import options
 from dlserve.server.transport.http1.connection import Connection
 from dlserve.server.transport.http1.exchange import HIGH_WATER, SLICE
 from dlserve.server.transport.http1.limits import Http1Limits
@@ -212,5 +214,38 @@ def test_a_large_body_leaves_in_slices_of_the_apps_buffer() -> None:
         assert b"content-length: %d\r\n" % len(body) in bytes(head)
         assert [len(s) for s in slices if len(s)] == [SLICE, SLICE, 5]
         assert all(isinstance(s, memoryview) and s.obj is body for s in slices if len(s))
+
+    run(scenario)
+
+
+def test_the_options_defaults_and_off() -> None:
+    parse = options.parser().parse_args
+    args = parse(["serve", "--model-repository", "."])
+    assert Http1Limits() == Http1Limits(
+        max_connections=args.http_max_connections, header_timeout=args.http_header_timeout,
+        body_timeout=args.http_body_timeout, body_min_rate=args.http_body_min_rate,
+        idle_timeout=args.http_idle_timeout, send_timeout=args.http_send_timeout,
+    )  # fmt: skip
+    assert args.grpc_max_connections == 4096
+    off = parse(["serve", "--model-repository", ".", "--http-header-timeout", "0",
+                 "--http-max-connections", "0", "--grpc-max-connections", "0"])  # fmt: skip
+    assert off.http_header_timeout is None and off.http_max_connections is None
+    assert off.grpc_max_connections is None
+    with pytest.raises(SystemExit):
+        parse(["serve", "--model-repository", ".", "--http-idle-timeout", "-1"])
+
+
+def test_no_timeout_fires_when_all_are_off() -> None:
+    limits = Http1Limits(None, None, None, 0, None, None)
+    assert limits.sweep_interval() == 1.0
+
+    async def scenario() -> None:
+        server = HttpServer(answer, "127.0.0.1", 0, limits=limits)
+        connection, transport = Connection(server, asyncio.get_running_loop()), Recorder()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(b"POST / HTTP/1.1\r\ncontent-length: 10\r\n\r\n")
+        connection.pause_writing()
+        server.sweep(1e9)
+        assert not transport.closed
 
     run(scenario)
