@@ -360,8 +360,11 @@ def test_a_large_response_leaves_a_slow_reader_in_slices(edge: RunningServer) ->
 )
 def test_a_large_response_made_and_sent_to_a_slow_reader(edge: RunningServer) -> None:
     """The same, watched from the request on: the output's making included."""
-    with Bystander(edge.http_url, edge.grpc_url) as bystander, bystander.watching() as seen:
-        with _connect(edge) as sock:
-            sock.sendall(_infer_request(LARGE_OUTPUT))
-            _read_slowly(sock, edge, 2.0)
+    with (
+        Bystander(edge.http_url, edge.grpc_url) as bystander,
+        bystander.watching() as seen,
+        _connect(edge) as sock,
+    ):
+        sock.sendall(_infer_request(LARGE_OUTPUT))
+        _read_slowly(sock, edge, 2.0)
     _health_within_bound(seen)
