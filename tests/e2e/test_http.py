@@ -8,6 +8,7 @@ import http.client
 import json
 import shutil
 import socket
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -340,16 +341,26 @@ def test_bf16_json(example_server: RunningServer) -> None:
 
 
 def test_json_data_nested(example_server: RunningServer) -> None:
-    body = json_infer(
-        inputs=[{"name": "INPUT0", "datatype": "INT32", "shape": [4], "data": [[1, 2], [3, 4]]}]
+    """Nested as its shape: accepted; nested otherwise (here 2 x 2 for a shape [1, 4]):
+    400 with Triton's message (docs/differences.md)."""
+    inputs = [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]
+    status, _, content = raw(
+        example_server, "POST", "/v2/models/identity_fp32/infer", json_infer(inputs=inputs)
     )
-    status, _, content = raw(example_server, "POST", "/v2/models/identity_int32/infer", body)
     assert status == 200, content
     assert json.loads(content)["outputs"][0] == {
         "name": "OUTPUT0",
-        "datatype": "INT32",
-        "shape": [4],
-        "data": [1, 2, 3, 4],
+        "datatype": "FP32",
+        "shape": [2, 2],
+        "data": [1.0, 2.0, 3.0, 4.0],
+    }
+    inputs[0]["shape"] = [1, 4]
+    status, _, content = raw(
+        example_server, "POST", "/v2/models/identity_fp32/infer", json_infer(inputs=inputs)
+    )
+    assert status == 400
+    assert json.loads(content) == {
+        "error": "Unable to parse 'data': Shape does not match true shape of 'data' field"
     }
 
 
@@ -578,6 +589,32 @@ def test_binary_body_shorter_than_its_header_says(example_server: RunningServer)
     still_serving(example_server)
 
 
+@pytest.mark.parametrize(
+    ("blob", "shape"),
+    [
+        (struct.pack("<I", 10) + b"abc", [1]),  # an element runs past the end
+        (struct.pack("<I", 1) + b"a" + b"\x02\x00", [2]),  # an incomplete length
+        (struct.pack("<I", 1) + b"a", [2]),  # fewer elements than the shape
+        (struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"b", [1]),  # more
+    ],
+)
+def test_bytes_whose_length_prefixes_lie(
+    example_server: RunningServer, blob: bytes, shape: list[int]
+) -> None:
+    """Binary BYTES data whose length prefixes do not match its size or its shape: 400."""
+    parameters = {"binary_data_size": len(blob)}
+    header = json_infer(
+        inputs=[{"name": "INPUT0", "datatype": "BYTES", "shape": shape, "parameters": parameters}]
+    )
+    status, message = error_of(
+        example_server, "POST", "/v2/models/identity_bytes/infer", header + blob,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )  # fmt: skip
+    assert status == 400, message
+    assert message
+    still_serving(example_server)
+
+
 def test_inference_header_longer_than_the_body(example_server: RunningServer) -> None:
     body = json_infer(inputs=[fp32_input("INPUT0", [1.0]), fp32_input("INPUT1", [1.0])])
     status, message = error_of(
@@ -633,7 +670,7 @@ def test_unknown_content_encoding(example_server: RunningServer) -> None:
             INFER,
             [fp32_input("INPUT0", [1.0, 2.0]) | {"shape": [3]}, fp32_input("INPUT1", [1.0])],
             400,
-            "shape [3] has 3 elements, 'data' has 2",
+            "Shape does not match true shape of 'data' field",
         ),
     ],
 )

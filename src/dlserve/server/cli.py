@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for warning in warnings:  # Triton's tuning options: accepted, said to change nothing
         print(warning, file=sys.stderr)
+    from dlserve.server.transport.http1.limits import Http1Limits
     from dlserve.server.wiring import ServerOptions, run
 
     options = ServerOptions(
@@ -170,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         cache=cache,
         grpc_restrictions=grpc_restrictions,
         http_restrictions=http_restrictions,
+        http_limits=Http1Limits(
+            max_connections=args.http_max_connections,
+            header_timeout=args.http_header_timeout,
+            body_timeout=args.http_body_timeout,
+            body_min_rate=args.http_body_min_rate,
+            idle_timeout=args.http_idle_timeout,
+            send_timeout=args.http_send_timeout,
+        ),
+        grpc_max_connections=args.grpc_max_connections,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

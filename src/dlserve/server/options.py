@@ -16,6 +16,49 @@ DEPRECATED_TRACE = {
 }  # fmt: skip
 
 
+def _timeout(text: str) -> float | None:
+    """Seconds; 0 turns the timeout off."""
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError("must be >= 0 (0: off)")
+    return value or None
+
+
+def _count(text: str) -> int | None:
+    """A maximum; 0 turns it off."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0 (0: no limit)")
+    return value or None
+
+
+def _connection_limits(group: Any) -> None:
+    """What one client may hold of the server (docs/network-edge.md); Triton has none."""
+    for endpoint in ("http", "grpc"):
+        group.add_argument(
+            f"--{endpoint}-max-connections", type=_count, default=4096, metavar="N",
+            help=f"{endpoint} connections open at once; more are refused (default 4096, 0: no "
+            "limit)",
+        )  # fmt: skip
+    for name, default, what in (
+        ("header", 30.0, "a request's head must arrive within this of its first byte (or of "
+         "the connection's start), else 408 and close"),
+        ("body", 30.0, "each window this long while a request body is read must bring "
+         "--http-body-min-rate bytes a second, else 408 and close"),
+        ("idle", 300.0, "a keep-alive connection idle this long between requests is closed"),
+        ("send", 60.0, "a client that reads nothing of its response for this long (the "
+         "server's send buffer full) is disconnected"),
+    ):  # fmt: skip
+        group.add_argument(
+            f"--http-{name}-timeout", type=_timeout, default=default, metavar="SECONDS",
+            help=f"{what} (default {default:g}, 0: off)",
+        )  # fmt: skip
+    group.add_argument(
+        "--http-body-min-rate", type=_microseconds, default=1024, metavar="BYTES",
+        help="the slowest a request body may arrive, in bytes a second (default 1024)",
+    )  # fmt: skip
+
+
 def _microseconds(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -56,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     _tuning_options(serve.add_argument_group("shared memory, latency, GPUs"))
     _tls_options(serve.add_argument_group("gRPC over TLS (Triton's options)"))
     _access_options(serve.add_argument_group("endpoint access (Triton's options)"))
+    _connection_limits(serve.add_argument_group("connection limits and timeouts"))
     triton_options.add_options(serve)  # hidden: answered in main(), see triton_options
     return parser
 

@@ -27,6 +27,7 @@ from dlserve.server.frontends.http.app import create_http_app
 from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
 from dlserve.server.transport.grpc.listener import TlsOptions
+from dlserve.server.transport.http1.limits import Http1Limits
 from dlserve.server.transport.http1.listener import HttpServer
 from dlserve.server.transport.listen_error import ListenError
 from dlserve.tensors import heap
@@ -80,6 +81,8 @@ class ServerOptions:
     cache: CacheSettings | None = None  # --cache-config: the response cache
     grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
+    http_limits: Http1Limits = field(default_factory=Http1Limits)  # --http-max-connections...
+    grpc_max_connections: int | None = 4096  # --grpc-max-connections
 
 
 class Server:
@@ -120,8 +123,9 @@ class Server:
                 self.service, options.http_max_input_size, options.http_restrictions
             )
             self._http = HttpServer(
-                app, self.hosts["http"], options.http_port, timing=self.service.trace
-            )
+                app, self.hosts["http"], options.http_port, timing=self.service.trace,
+                limits=options.http_limits,
+            )  # fmt: skip
         if options.allow_metrics:
             metrics = create_metrics_app(self.service)
             self._metrics = HttpServer(metrics, self.hosts["metrics"], options.metrics_port)
@@ -156,6 +160,7 @@ class Server:
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
                 self.options.grpc_tls, self.options.grpc_restrictions,
             )  # fmt: skip
+            self._grpc.max_connections = self.options.grpc_max_connections
             self.ports["grpc_port"] = await self._grpc.start()
         if self._http is not None:
             self.ports["http_port"] = await self._http.start()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import struct
+import time
+import tracemalloc
 import zlib
 from typing import Any
 
@@ -126,17 +129,62 @@ def test_bytes_from_json_strings() -> None:
     assert bytes(request.inputs[0].data) == expected
 
 
-def test_bytes_nested_deeply_and_in_order() -> None:
+def test_bytes_nested_as_the_shape_in_order() -> None:
+    request, _ = _parse({"inputs": [_tensor("S", "BYTES", [2, 2], data=[["a", "b"], ["c", "d"]])]})
+    assert bytes(request.inputs[0].data) == b"".join(
+        struct.pack("<I", 1) + c for c in (b"a", b"b", b"c", b"d")
+    )
+
+
+def test_bytes_nested_thousands_deep_is_refused_without_recursion() -> None:
     data: list[Any] = ["z"]
     for _ in range(3000):
         data = [data]
-    request, _ = _parse({"inputs": [_tensor("S", "BYTES", [3], data=[["a", ["b"]], "c"])]})
-    assert bytes(request.inputs[0].data) == b"".join(
-        struct.pack("<I", 1) + c for c in (b"a", b"b", b"c")
-    )
-    items: list[object] = []
-    convert._flatten_strings("S", data, items)
-    assert items == ["z"]
+    with pytest.raises(errors.InvalidArgumentError, match=SHAPE):
+        convert.json_to_tensor_bytes("S", "BYTES", (1,), data)
+
+
+# Triton's message (http_server.cc) for JSON data that its shape does not describe
+SHAPE = re.escape(convert.SHAPE_MISMATCH)
+
+
+@pytest.mark.parametrize("datatype", ["INT32", "FP32", "BOOL", "BYTES"])
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [
+        ([4], [[1, 2], [3, 4]]),  # nested deeper than the shape
+        ([2, 2], [[[1], [2]], [[3], [4]]]),  # deeper still
+        ([2, 2, 1], [[1, 2], [3, 4]]),  # shallower than the shape (and not flat)
+        ([2, 2], [[1, 2], [3]]),  # ragged
+        ([2, 2], [[1, 2, 3], [4]]),  # ragged, the right count
+        ([2, 2], [1, 2, 3]),  # too few
+        ([2, 2], [1, 2, 3, 4, 5]),  # too many
+        ([2, 2], [[1, 2], [3, 4], [5, 6]]),  # one row too many
+        ([2], [1, [2]]),  # a list among scalars
+        ([], [[1]]),  # a scalar tensor nested
+    ],
+)
+def test_data_that_does_not_match_its_shape(datatype: str, shape: list[int], data: Any) -> None:
+    if datatype == "BYTES":
+        data = json.loads(json.dumps(data).replace("1", '"a"').replace("2", '"b"')
+                          .replace("3", '"c"').replace("4", '"d"').replace("5", '"e"')
+                          .replace("6", '"f"'))  # fmt: skip
+    elif datatype == "BOOL":
+        data = json.loads(json.dumps(data).replace("1", "true").replace("2", "false")
+                          .replace("3", "true").replace("4", "false").replace("5", "true")
+                          .replace("6", "false"))  # fmt: skip
+    with pytest.raises(errors.InvalidArgumentError, match=f"^{SHAPE}$"):
+        _parse({"inputs": [_tensor("X", datatype, shape, data=data)]})
+
+
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [([2, 2], [1, 2, 3, 4]), ([2, 2], [[1, 2], [3, 4]]), ([1, 2, 1], [[[1], [2]]]),
+     ([], [7]), ([0], []), ([2, 0], [[], []]), ([2, 0], [])],
+)  # fmt: skip
+def test_data_flat_or_nested_as_its_shape(shape: list[int], data: Any) -> None:
+    request, _ = _parse({"inputs": [_tensor("X", "INT32", shape, data=data)]})
+    assert bytes(request.inputs[0].data) == np.asarray(data, "<i4").tobytes()
 
 
 def test_json_nested_past_the_recursion_limit() -> None:
@@ -201,7 +249,7 @@ def test_malformed_json(body: bytes, message: str) -> None:
             _tensor("A", "FP32", [1], data=[1], parameters={"binary_data_size": 4}),
             "set 'data' 'binary_data_size'",
         ),
-        (_tensor("A", "FP32", [3], data=[1, 2]), "shape \\[3\\] has 3 elements, 'data' has 2"),
+        (_tensor("A", "FP32", [3], data=[1, 2]), "Shape does not match true shape"),
         (_tensor("A", "FP32", [2], data=[[1, 2], [3]]), "Unable to parse 'data'"),
         (_tensor("A", "FP32", [1], data=5), "expected a list"),
         (_tensor("A", "INT32", [2], data=[1.5, 2]), "INT32 expects integers, got float64"),
@@ -482,23 +530,71 @@ def test_disconnect_while_reading() -> None:
         asyncio.run(bodies.read_body(receive, None, 64))
 
 
+def _inflate(body: bytes, encoding: bytes, limit: int) -> bytes | bytearray:
+    return asyncio.run(bodies.decompress(body, encoding, limit))
+
+
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 def test_decompress(encoding: bytes) -> None:
     data = b"hello " * 100
     packed = gzip.compress(data) if encoding == b"gzip" else zlib.compress(data)
-    assert bodies.decompress(packed, encoding, 1000) == data
+    assert _inflate(packed, encoding, 1000) == data
     with pytest.raises(errors.InvalidArgumentError, match="maximum allowed input size of 100"):
-        bodies.decompress(packed, encoding, 100)
+        _inflate(packed, encoding, 100)
     with pytest.raises(errors.InvalidArgumentError, match="failed to decompress"):
-        bodies.decompress(b"not compressed", encoding, 1000)
+        _inflate(b"not compressed", encoding, 1000)
     with pytest.raises(errors.InvalidArgumentError, match="it is truncated"):
-        bodies.decompress(packed[: len(packed) // 2], encoding, 1000)
+        _inflate(packed[: len(packed) // 2], encoding, 1000)
 
 
 def test_unknown_content_encoding_is_unsupported() -> None:
     with pytest.raises(errors.UnsupportedError, match="Unsupported compression type"):
-        bodies.decompress(b"x", b"br", 10)
-    assert bodies.decompress(b"x", b"identity", 10) == b"x"
+        _inflate(b"x", b"br", 10)
+    assert _inflate(b"x", b"identity", 10) == b"x"
+
+
+def _bomb(size: int) -> bytes:
+    """``size`` zero bytes, gzipped (about a thousandth of it)."""
+    deflater = zlib.compressobj(wbits=31)
+    zeros = bytes(16 << 20)
+    parts = [deflater.compress(zeros) for _ in range(size // len(zeros))]
+    return b"".join([*parts, deflater.flush()])
+
+
+def test_a_bomb_is_refused_in_slices() -> None:
+    """256 MiB of zeros in 256 KiB of gzip, against a limit of 64 MiB: refused having
+    inflated no more than the limit and a byte, with the event loop never held for longer
+    than a slice's inflating (a ticker task sees it free all along)."""
+    bomb, limit = _bomb(256 << 20), 64 << 20
+    gaps: list[float] = []
+
+    async def scenario() -> None:
+        done = False
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        tracemalloc.start()
+        try:
+            with pytest.raises(errors.InvalidArgumentError, match="maximum allowed input size"):
+                await bodies.decompress(bomb, b"gzip", limit)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            done = True
+        await task
+        assert peak < limit + limit // 4 + 2 * bodies.INFLATE_SLICE, peak  # bytearray grows 1/8
+
+    asyncio.run(scenario())
+    assert len(gaps) >= limit // bodies.INFLATE_SLICE  # the loop ran between slices
+    assert max(gaps) < 0.1, max(gaps)
 
 
 @pytest.mark.parametrize(
@@ -518,7 +614,7 @@ def test_response_encoding(accept: bytes, chosen: bytes) -> None:
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
 def test_compress_parts(encoding: bytes) -> None:
     packed = bodies.compress([b"ab", memoryview(b"cd")], encoding)
-    assert bodies.decompress(packed, encoding, 100) == b"abcd"
+    assert _inflate(packed, encoding, 100) == b"abcd"
 
 
 def test_header_length() -> None:

@@ -150,11 +150,12 @@ class InferEndpoint:
         trace: Trace | None,
     ) -> tuple[int, list[tuple[bytes, bytes]], list[bytes | memoryview]]:  # fmt: skip
         version = checked_version(version)
+        body: bytes | bytearray
         body = await bodies.read_body(receive, headers.content_length, self.limit)
         if trace is not None:
             trace.stamp("HTTP_RECV_END", time.monotonic_ns())
         if headers.content_encoding:
-            body = bodies.decompress(body, headers.content_encoding, self.limit)
+            body = await bodies.decompress(body, headers.content_encoding, self.limit)
         length = bodies.header_length(headers.header_length, len(body))
         if length:
             request, plan = convert.parse_infer_request(body, length, model, version)

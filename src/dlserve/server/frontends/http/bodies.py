@@ -4,6 +4,7 @@ the JSON header's end found (Inference-Header-Content-Length)."""
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 from dlserve import errors
 
 Message = MutableMapping[str, Any]
+INFLATE_SLICE = 4 << 20  # a compressed body is inflated this much at a time
 Receive = Callable[[], Awaitable[Message]]
 
 
@@ -73,23 +75,38 @@ async def read_body(receive: Receive, content_length: int | None, limit: int) ->
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    """Undo Content-Encoding gzip or deflate; the result is bounded by ``limit`` too."""
+async def decompress(body: bytes, encoding: bytes, limit: int) -> bytes | bytearray:
+    """Undo Content-Encoding gzip or deflate; the result is bounded by ``limit`` too.
+
+    Inflated a slice of ``INFLATE_SLICE`` bytes at a time, each bounded before it is
+    made (zlib's ``max_length``: nothing past ``limit`` + 1 is ever inflated), with the
+    event loop free between slices: a bomb costs at most ``limit`` + 1 bytes and holds the
+    loop for one slice's inflating at a time."""
     if encoding in (b"", b"identity"):
         return body
     if encoding not in (b"gzip", b"deflate"):
         raise errors.UnsupportedError("Unsupported compression type")
     inflater = zlib.decompressobj(wbits=47)  # 32 + 15: zlib or gzip header, found by itself
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise errors.InvalidArgumentError(f"failed to decompress the request body: {exc}") from None
-    if len(out) <= limit and not inflater.eof:
+    out = bytearray()
+    pending: bytes = body
+    while True:
+        try:
+            piece = inflater.decompress(pending, min(INFLATE_SLICE, limit + 1 - len(out)))
+        except zlib.error as exc:
+            raise errors.InvalidArgumentError(
+                f"failed to decompress the request body: {exc}"
+            ) from None
+        out += piece
+        if len(out) > limit:
+            raise errors.InvalidArgumentError(
+                f"decompressed request size exceeds the maximum allowed input size of {limit} bytes"
+            )
+        pending = inflater.unconsumed_tail
+        if inflater.eof or not (pending or piece):
+            break
+        await asyncio.sleep(0)  # the next slice after the loop's other work
+    if not inflater.eof:
         raise errors.InvalidArgumentError("failed to decompress the request body: it is truncated")
-    if len(out) > limit:
-        raise errors.InvalidArgumentError(
-            f"decompressed request size exceeds the maximum allowed input size of {limit} bytes"
-        )
     return out
 
 

@@ -70,6 +70,8 @@ _decode_request = msgspec.json.Decoder(_RequestJSON).decode
 _decode_any = msgspec.json.Decoder().decode
 encode_json = msgspec.json.Encoder().encode
 
+# Triton's words for JSON data that does not match its shape
+SHAPE_MISMATCH: Final = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 _ONE_OF: Final = (
     "Input must set only one of the following fields: 'data', 'binary_data_size' in "
     "'parameters', 'shared_memory_region' in 'parameters'. But"
@@ -182,7 +184,8 @@ def json_to_tensor_bytes(
     name: str, datatype: str, shape: tuple[int, ...], data: object
 ) -> memoryview:
     """The little-endian C-order bytes (BYTES: Triton's length-prefixed form) of a
-    tensor given as JSON ``data``: nested or flat, with as many elements as ``shape``."""
+    tensor given as JSON ``data``: a flat list of as many elements as ``shape`` has, or
+    lists nested exactly as ``shape`` (anything else is refused with Triton's message)."""
     dtype = dtypes.from_wire(datatype)
     if dtype is None:
         raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
@@ -190,9 +193,13 @@ def json_to_tensor_bytes(
         raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected a list")
     expected = math.prod(shape)
     if dtype.is_bytes:
-        items: list[object] = []
-        _flatten_strings(name, data, items)
-        _check_count(name, shape, expected, len(items))
+        items = _leaves(data, shape, expected)
+        for item in items:
+            if not isinstance(item, str):
+                raise InvalidArgumentError(
+                    f"Unable to parse 'data' of BYTES input '{name}': expected strings, got "
+                    f"{item!r}"
+                )
         serialized = dtypes.serialize_bytes(np.array(items, dtype=object).reshape(-1))
         return memoryview(serialized)
     integers = dtype.numpy_storage.kind in "iu" and dtype.wire != "BF16"
@@ -200,39 +207,31 @@ def json_to_tensor_bytes(
         raw = np.asarray(data)
         if integers and raw.dtype.kind == "f" and raw.size and np.abs(raw).max() >= 2**63:
             raw = np.asarray(data, dtype=object)  # numpy made floats of integers past int64
-    except ValueError as exc:
-        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {exc}") from None
-    _check_count(name, shape, expected, raw.size)
+    except ValueError:  # ragged lists, or nested past numpy's 64 dimensions
+        raise InvalidArgumentError(SHAPE_MISMATCH) from None
+    if raw.shape != shape and (raw.ndim != 1 or raw.size != expected):
+        raise InvalidArgumentError(SHAPE_MISMATCH)  # neither flat nor nested as the shape
     array = _cast(name, dtype, raw) if raw.size else np.empty(0, dtype.numpy_storage)
     contiguous: Any = np.ascontiguousarray(array)
     return memoryview(contiguous).cast("B")
 
 
-def _flatten_strings(name: str, data: list[object], out: list[object]) -> None:
-    """The strings of nested lists, in row-major order (no recursion: any depth is safe)."""
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, str):
-                out.append(item)
-            elif isinstance(item, list):
-                stack.append(iter(item))
-                break
-            else:
-                raise InvalidArgumentError(
-                    f"Unable to parse 'data' of BYTES input '{name}': expected strings, got "
-                    f"{item!r}"
-                )
-        else:
-            stack.pop()
-
-
-def _check_count(name: str, shape: tuple[int, ...], expected: int, got: int) -> None:
-    if expected != got:
-        raise InvalidArgumentError(
-            f"unexpected number of elements in 'data' of input '{name}': shape "
-            f"{list(shape)} has {expected} elements, 'data' has {got}"
-        )
+def _leaves(data: list[object], shape: tuple[int, ...], expected: int) -> list[object]:
+    """The elements of ``data``, flat or nested exactly as ``shape``, in row-major order
+    (no recursion: any depth is safe, and a level that does not match stops the walk)."""
+    if len(data) == expected and not any(isinstance(item, list) for item in data):
+        return data  # flat
+    level: list[object] = [data]
+    for size in shape:
+        below: list[object] = []
+        for node in level:
+            if not isinstance(node, list) or len(node) != size:
+                raise InvalidArgumentError(SHAPE_MISMATCH)
+            below.extend(node)
+        level = below
+    if any(isinstance(item, list) for item in level):
+        raise InvalidArgumentError(SHAPE_MISMATCH)  # nested deeper than the shape
+    return level
 
 
 # Which JSON value kinds (numpy kinds of the parsed list) each type accepts.

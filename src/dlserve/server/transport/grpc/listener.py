@@ -7,6 +7,11 @@ gives what is its own: the method table, how a handler's failure becomes a gRPC 
 (``status_of``), and whether tracing wants a call's arrival time (``timing``). A listener
 that cannot start raises ``ListenError``.
 
+At most ``max_connections`` connections are open at once (TCP and Unix socket together);
+one more is refused (``refusal.py``): its first call fails with UNAVAILABLE and a message
+that says why, then GOAWAY. (A refusal at the HTTP/2 level alone, GOAWAY before any
+stream, makes gRPC clients retry on and on without telling the caller.)
+
 ``stop`` is a graceful shutdown as gRPC servers do it: GOAWAY to every client (no new
 calls), the calls in flight finish, then connections close; after ``timeout`` the rest
 are cancelled.
@@ -23,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlserve.server.transport.grpc.calls import Method
+from dlserve.server.transport.grpc.refusal import GrpcRefusal
 from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import StatusOf, status_of
 from dlserve.server.transport.listen_error import ListenError
@@ -57,6 +63,8 @@ class TlsOptions:
 
 
 class GrpcServer:
+    max_connections: int | None = None  # set before start(); more are refused
+
     def __init__(
         self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
         tls: TlsOptions | None = None, timing: Timing = NEVER, status_of: StatusOf = status_of,
@@ -80,7 +88,7 @@ class GrpcServer:
         context = self.tls.context() if self.tls is not None else None
         try:
             server = await loop.create_server(
-                lambda: GrpcConnection(self), self.host, self.port, reuse_address=True,
+                self._accept, self.host, self.port, reuse_address=True,
                 backlog=1024, ssl=context,
             )  # fmt: skip
         except OSError as exc:
@@ -94,7 +102,7 @@ class GrpcServer:
         if self.uds_path is not None:
             _remove_stale_socket(self.uds_path)
             try:
-                unix = await loop.create_unix_server(lambda: GrpcConnection(self), self.uds_path)
+                unix = await loop.create_unix_server(self._accept, self.uds_path)
             except OSError as exc:
                 await self.stop(0)
                 where = f"unix:{self.uds_path}"
@@ -103,6 +111,13 @@ class GrpcServer:
                 ) from None
             self._servers.append(unix)
         return int(server.sockets[0].getsockname()[1])
+
+    def _accept(self) -> asyncio.Protocol:
+        """A new connection, or its refusal when the server holds ``max_connections``."""
+        limit = self.max_connections
+        if limit is not None and len(self.connections) >= limit:
+            return GrpcRefusal()
+        return GrpcConnection(self)
 
     async def stop(self, timeout: float | None) -> None:
         """1. stop accepting  2. GOAWAY: no new calls  3. wait up to ``timeout`` for the

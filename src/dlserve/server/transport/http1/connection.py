@@ -4,12 +4,22 @@ Three roles for an exchange (``exchange.py``): the one the parser is filling
 (``parsing``), the one whose app runs and whose response is being written (``active``),
 and pipelined ones parsed meanwhile, answered in order (``queue``). Reading pauses while
 a request waits in the queue or while more than ``HIGH_WATER`` body bytes wait for an app.
+The next request's app does not start while the transport's write buffer is past its
+high-water mark (the client is not reading): a connection holds at most one response that
+its client has not taken, and one request parsed ahead.
+
+Its timeouts (``limits.py``) are one deadline and the phase it belongs to: the head
+(from the connection's start or the request's first byte), the body (each window must
+bring a minimum of bytes while reading is not paused), idle between requests; and a
+second deadline while writing is paused (the send timeout). The listener's sweep calls
+``expire`` once a deadline is past.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 from collections import deque
@@ -36,6 +46,16 @@ _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"expect"))
 _ASGI = {"version": "3.0"}
 
 
+# the phase a connection's deadline belongs to
+_NONE = 0  # an app runs, or waits for the client to read: no deadline of the client's
+_HEAD = 1  # a request's head is awaited
+_BODY = 2  # a request's body is read
+_IDLE = 3  # keep-alive: between requests
+_NEVER = math.inf
+_HEAD_TIMEOUT = b"the request's head did not arrive in time (--http-header-timeout)"
+_BODY_TIMEOUT = b"the request's body arrived too slowly (--http-body-timeout)"
+
+
 class _HeadTooLarge(Exception):
     """The request line and headers are longer than ``max_header_size``."""
 
@@ -43,9 +63,10 @@ class _HeadTooLarge(Exception):
 class Connection(asyncio.Protocol):
     __slots__ = (
         "active", "app", "buffered", "chunked", "client", "closing", "content_length",
-        "drain_waiter", "eof", "error", "expect", "head_size", "header_bytes", "headers",
-        "in_headers", "local", "loop", "parser", "parsing", "paused", "queue", "server",
-        "transport", "upgraded", "url", "write_paused",
+        "deadline", "drain_waiter", "eof", "error", "expect", "head_size", "header_bytes",
+        "headers", "in_headers", "local", "loop", "parser", "parsing", "paused", "phase",
+        "queue", "received", "server", "transport", "upgraded", "url", "write_deadline",
+        "write_paused",
     )  # fmt: skip
 
     def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
@@ -70,7 +91,13 @@ class Connection(asyncio.Protocol):
         self.error: bytes | None = None  # a 400 to send once the in-flight responses are out
         self.in_headers = True
         self.header_bytes = 0
+        self.phase = _HEAD  # the first head is due from the connection's start
+        self.deadline = server.now + server.header_s
+        self.write_deadline = _NEVER
+        self.received = 0  # body bytes in the current window of the body timeout
         self._new_message()
+        server.connections.add(self)  # now, not in connection_made: the listener's count
+        # of connections holds those accepted in the same turn of the loop
 
     def _new_message(self) -> None:
         self.url = b""
@@ -92,7 +119,6 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, AttributeError):
             pass  # not TCP
-        self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -114,10 +140,14 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.write_deadline = self.server.now + self.server.send_s
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.write_deadline = _NEVER
         self._wake_writer()
+        if self.active is None and self.queue:
+            self._next()
 
     def _wake_writer(self) -> None:
         waiter, self.drain_waiter = self.drain_waiter, None
@@ -134,6 +164,9 @@ class Connection(asyncio.Protocol):
             return
         if self.in_headers:
             self.header_bytes += len(data)
+        if self.phase == _IDLE:  # a request's first bytes: its head is due
+            self.phase = _HEAD
+            self.deadline = self.server.now + self.server.header_s
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -174,6 +207,13 @@ class Connection(asyncio.Protocol):
         if self.server.timing.active:
             exchange.scope[RECEIVED_NS] = time.monotonic_ns()
         self.parsing = exchange
+        if self.chunked or self.content_length:
+            self.phase = _BODY
+            self.deadline = self.server.now + self.server.body_s
+            self.received = 0
+        else:
+            self.phase = _NONE
+            self.deadline = _NEVER
         if self.expect or self.chunked or self.content_length > _DEFER_LIMIT:
             self._arrive(exchange)  # the app may refuse the body before it is sent
         else:
@@ -202,6 +242,7 @@ class Connection(asyncio.Protocol):
         }  # fmt: skip
 
     def on_body(self, body: bytes) -> None:
+        self.received += len(body)
         exchange = self.parsing
         if exchange is None or exchange.response_complete or exchange.disconnected:
             return  # answered already: discard what still arrives
@@ -215,6 +256,8 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         exchange, self.parsing = self.parsing, None
         self.in_headers = True
+        self.phase = _NONE
+        self.deadline = _NEVER
         if exchange is None:
             return
         exchange.request_complete = True
@@ -228,10 +271,10 @@ class Connection(asyncio.Protocol):
 
     def _arrive(self, exchange: Exchange) -> None:
         exchange.arrived = True
-        if self.active is None:
+        if self.active is None and not self.write_paused:
             self.active = exchange
             exchange.start(self.app)
-        else:
+        else:  # behind another, or its client has not read the last response yet
             self.queue.append(exchange)
             self.update_reading()
 
@@ -244,17 +287,56 @@ class Connection(asyncio.Protocol):
         if not exchange.keep_alive or self.closing or (self.eof and not self.queue):
             self.close()
         elif self.queue:
-            self.active = self.queue.popleft()
-            self.active.start(self.app)
-            if not self.queue:
-                self.update_reading()
+            if not self.write_paused:  # else resume_writing starts it
+                self._next()
         elif self.error is not None:
             self.write(self.error)
             self.close()
         elif self.upgraded:
             self.close()
-        elif self.paused:
+        else:
+            if self.paused:
+                self.update_reading()
+            self._await_next()
+
+    def _next(self) -> None:
+        """Start the app of the first request waiting in the queue."""
+        self.active = self.queue.popleft()
+        self.active.start(self.app)
+        if not self.queue:
             self.update_reading()
+
+    def _await_next(self) -> None:
+        """Nothing runs: the idle timeout runs, or the head timeout where part of the next
+        head is in."""
+        if self.phase != _NONE:
+            return  # the next request's body is being read: its window runs
+        server = self.server
+        if self.header_bytes:
+            self.phase, self.deadline = _HEAD, server.now + server.header_s
+        else:
+            self.phase, self.deadline = _IDLE, server.now + server.idle_s
+
+    def expire(self, now: float) -> None:
+        """A deadline is past (the listener's sweep): close, or answer 408 and close."""
+        server = self.server
+        if self.write_deadline <= now:  # the client has not read for send_s: drop all
+            log.debug("HTTP client %s does not read its response: closing", self.client)
+            self.deadline = self.write_deadline = _NEVER
+            self.abort()
+            return
+        phase = self.phase
+        if phase == _BODY and (self.paused or self.received >= server.min_body_bytes):
+            self.received = 0  # enough in this window (or reading is paused): the next
+            self.deadline = now + server.body_s
+            return
+        self.phase, self.deadline = _NONE, _NEVER
+        if phase == _IDLE:
+            self.close()  # between requests a server may close without a word (RFC 9112 9.8)
+        elif phase == _HEAD:
+            self._fail(408, _HEAD_TIMEOUT)
+        elif phase == _BODY:
+            self._fail(408, _BODY_TIMEOUT)
 
     def update_reading(self) -> None:
         """Pause or resume reading: paused while a request waits in the queue, while
@@ -294,7 +376,7 @@ class Connection(asyncio.Protocol):
 
     # --- used by exchanges and the server ---------------------------------------------------
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)

@@ -5,6 +5,10 @@ waits (on a future made only then) when there are none yet. ``send`` holds the
 response head until the first body message, so that start + a final body leave in one
 write; the head says Content-Length when the app gave it or when the whole body is
 known, else the body goes chunked (HTTP/1.1) or ends with the connection (HTTP/1.0).
+A body larger than ``SLICE`` leaves in slices of the app's buffer (memoryviews: never
+copied whole), and after each slice ``send`` waits while the transport's buffer is past
+its high-water mark: one large response neither holds the event loop in one long write
+nor makes the server hold more than a slice of it in the transport's buffer.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 HIGH_WATER = 1 << 20  # buffered request body bytes above which a connection stops reading
 _JOIN_LIMIT = 64 * 1024  # a body up to this size is joined to its head: one bytes, one write
+SLICE = 4 << 20  # a body larger than this leaves in slices this large, waiting on the client
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _INTERNAL_ERROR = (
     b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\ncontent-length: 21\r\n"
@@ -111,6 +116,7 @@ class Exchange:
         finally:
             server = self.connection.server
             server.tasks.discard(self.task)
+            self.task = None  # a cancelled task's traceback holds this exchange: no cycle
             if server.stopping:
                 server.check_drained()
 
@@ -182,7 +188,13 @@ class Exchange:
         if kind == "http.response.body" and self.started and not self.response_complete:
             body = message.get("body", b"")
             more = message.get("more_body", False)
-            self._write(body, len(body) if type(body) is bytes else memoryview(body).nbytes, more)
+            size = len(body) if type(body) is bytes else memoryview(body).nbytes
+            if size > SLICE:
+                await self._write_sliced(memoryview(body), size, more)
+                if self.disconnected:
+                    return
+            else:
+                self._write(body, size, more)
             if not more:
                 if self.remaining:
                     connection.close()
@@ -222,6 +234,33 @@ class Exchange:
             transport.writelines(parts)
         else:
             transport.write(b"".join(parts))
+
+    async def _write_sliced(self, view: memoryview, size: int, more: bool) -> None:
+        """A large body: its head and framing, then slices, each written once the client
+        has read enough of the one before (resume_writing)."""
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        head = b"" if self.head_written else self._head(None if more else size)
+        self.head_written = True
+        suffix = b""
+        if self.bodiless:
+            return
+        if self.chunked:
+            head += b"%x\r\n" % size
+            suffix = b"\r\n" if more else b"\r\n0\r\n\r\n"
+        elif self.remaining is not None:
+            self.remaining -= size
+            if self.remaining < 0:
+                raise RuntimeError("response body longer than its Content-Length")
+        connection = self.connection
+        connection.write(head)
+        for offset in range(0, size, SLICE):
+            if connection.write_paused:
+                await connection.drain()
+            if self.disconnected:
+                return
+            connection.write(view[offset : offset + SLICE])
+        connection.write(suffix)
 
     def _head(self, size: int | None) -> bytes:
         """Status line and headers; sets how the body is framed. ``size``: the whole

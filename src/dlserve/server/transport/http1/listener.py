@@ -19,6 +19,12 @@ the app answered early (say a 400 on its Content-Length) discarded as it arrives
 connection stays usable. The per-connection protocol is ``connection.py``; the
 request/response cycle ``exchange.py``. A listener that cannot start raises
 ``ListenError``.
+
+What it bounds (``limits.py``, docs/network-edge.md): the number of connections (more are
+refused with a 503, ``transport/refusal.py``), how long a request's head and body may take
+to arrive, how long a keep-alive connection may idle, and how long a client may leave a
+response unread. One timer, the sweep, checks every connection's deadline a few times a
+second (and remakes the Date header once a second).
 """
 
 from __future__ import annotations
@@ -29,10 +35,18 @@ from email.utils import formatdate
 
 from dlserve.server.transport.http1.connection import Connection
 from dlserve.server.transport.http1.exchange import App
+from dlserve.server.transport.http1.limits import Http1Limits
 from dlserve.server.transport.listen_error import ListenError
+from dlserve.server.transport.refusal import Refusal
 from dlserve.server.transport.timing import NEVER, Timing
 
 _CANCEL_GRACE_S = 1.0  # how long cancelled apps get to unwind when stop() runs out of time
+_REFUSAL_TEXT = b'{"error":"the server has too many connections (--http-max-connections)"}'
+_REFUSAL = b"".join((
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: ",
+    str(len(_REFUSAL_TEXT)).encode(), b"\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
+    _REFUSAL_TEXT,
+))  # fmt: skip
 
 
 class HttpServer:
@@ -47,8 +61,17 @@ class HttpServer:
         max_header_size: int = 64 * 1024,
         server_header: bool = False,
         timing: Timing = NEVER,
+        limits: Http1Limits | None = None,
     ) -> None:
         self.app = app
+        self.limits = limits = limits or Http1Limits()
+        self._sweep_interval = limits.sweep_interval()
+        never = float("inf")  # each timeout in seconds; inf: none
+        self.header_s = never if limits.header_timeout is None else limits.header_timeout
+        self.body_s = never if limits.body_timeout is None else limits.body_timeout
+        self.idle_s = never if limits.idle_timeout is None else limits.idle_timeout
+        self.send_s = never if limits.send_timeout is None else limits.send_timeout
+        self.min_body_bytes = 0 if self.body_s == never else limits.body_min_rate * self.body_s
         self.timing = timing  # tracing on: requests note when their headers arrived
         self.host = host
         self.port = port
@@ -61,13 +84,22 @@ class HttpServer:
         self.stopping = False
         self.common_headers = b""  # Date and Server, ready to write
         self._clock: asyncio.TimerHandle | None = None
+        self._second = -1
+        self.now = 0.0  # the loop's time at the last sweep: deadlines are set from it
+
+    def _accept(self, loop: asyncio.AbstractEventLoop) -> asyncio.Protocol:
+        """A new connection, or its refusal when the listener is full."""
+        limit = self.limits.max_connections
+        if limit is not None and len(self.connections) >= limit:
+            return Refusal(_REFUSAL)
+        return Connection(self, loop)
 
     async def start(self) -> int:
         """Listen; the bound port (``port`` 0 picks a free one)."""
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
-                lambda: Connection(self, loop),
+                lambda: self._accept(loop),
                 self.host,
                 self.port,
                 reuse_address=True,
@@ -118,13 +150,26 @@ class HttpServer:
         return any(connection.paused for connection in self.connections)
 
     def _tick(self) -> None:
-        """Remake the Date header (and Server) each second, not each response."""
-        now = time.time()
-        date = formatdate(now, usegmt=True).encode()
-        self.common_headers = b"date: " + date + b"\r\n" + self._server_line
+        """The sweep: close the connections past their deadlines; remake the Date header
+        (and Server) each second, not each response."""
+        wall = time.time()
+        if int(wall) != self._second:
+            self._second = int(wall)
+            date = formatdate(wall, usegmt=True).encode()
+            self.common_headers = b"date: " + date + b"\r\n" + self._server_line
         loop = asyncio.get_running_loop()
-        next_second = 1.0 - now % 1.0 + 0.01  # just past it: a timer may fire a little early
-        self._clock = loop.call_at(loop.time() + next_second, self._tick)
+        now = loop.time()
+        self.sweep(now)
+        next_second = 1.0 - wall % 1.0 + 0.01  # just past it: a timer may fire a little early
+        delay = min(next_second, self._sweep_interval)
+        self._clock = loop.call_at(now + delay, self._tick)
+
+    def sweep(self, now: float) -> None:
+        """Close (or answer and close) each connection whose deadline is past ``now``."""
+        self.now = now
+        due = [c for c in self.connections if c.deadline <= now or c.write_deadline <= now]
+        for connection in due:
+            connection.expire(now)
 
     def check_drained(self) -> None:
         drained = self._drained
