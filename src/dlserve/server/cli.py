@@ -15,7 +15,7 @@ from dlserve.server.frontends.restrictions import (
     Restrictions,
     parse_options,
 )
-from dlserve.server.options import DEPRECATED_TRACE
+from dlserve.server.options import DEPRECATED_TRACE, http2_limits
 from dlserve.server.options import parser as _parser
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         cache=cache,
         grpc_restrictions=grpc_restrictions,
         http_restrictions=http_restrictions,
+        grpc_http2=http2_limits(args),
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

@@ -27,6 +27,7 @@ from dlserve.server.frontends.http.app import create_http_app
 from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
 from dlserve.server.transport.grpc.listener import TlsOptions
+from dlserve.server.transport.h2.limits import Limits
 from dlserve.server.transport.http1.listener import HttpServer
 from dlserve.server.transport.listen_error import ListenError
 from dlserve.tensors import heap
@@ -80,6 +81,7 @@ class ServerOptions:
     cache: CacheSettings | None = None  # --cache-config: the response cache
     grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
+    grpc_http2: Limits = field(default_factory=Limits)  # gRPC's HTTP/2 limits and keepalive
 
 
 class Server:
@@ -154,7 +156,7 @@ class Server:
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
-                self.options.grpc_tls, self.options.grpc_restrictions,
+                self.options.grpc_tls, self.options.grpc_restrictions, self.options.grpc_http2,
             )  # fmt: skip
             self.ports["grpc_port"] = await self._grpc.start()
         if self._http is not None:
