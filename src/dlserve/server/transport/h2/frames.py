@@ -21,7 +21,7 @@ MIN_FRAME: Final = 2**14  # SETTINGS_MAX_FRAME_SIZE's initial value and least al
 MAX_FRAME: Final = 2**24 - 1  # and its largest
 HIGH_WATER: Final = 4 * 2**20  # queued bytes of a stream past which its producer waits
 STREAM_WINDOW: Final = 16 * 2**20  # what a client may send on a stream before we take it
-CONNECTION_WINDOW: Final = 128 * 2**20  # and on all its streams together
+CONNECTION_WINDOW: Final = 64 * 2**20  # and on all its streams together
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
