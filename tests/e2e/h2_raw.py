@@ -108,7 +108,7 @@ class Raw:
         decoder = hpack_codec.Decoder()
         while True:
             try:
-                kind, flags, stream, payload = self.frame()
+                kind, flags, _, payload = self.frame()
             except (EOFError, ConnectionResetError):
                 return ("closed",)
             if kind == GOAWAY:
