@@ -306,6 +306,7 @@ class GrpcConnection(Connection):
         self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _cancel(self, call: Call) -> None:
+        call.inbox.clear()  # what the client sent and the handler never took: gone now
         if call.deadline is not None:
             call.deadline.cancel()
         if call.task is not None and not call.task.done():

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Final, cast
 
 from dlserve.server.transport.h2 import hpack_codec
@@ -90,6 +91,7 @@ log = logging.getLogger("dlserve.grpc")
 _STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _FRAMES_PER_TURN: Final = 128  # frames handled per data_received before the loop's turn
+_HEADERS_WEIGHT: Final = 16  # a HEADERS frame (a new call) counts as this many frames
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
 _ENABLE_PUSH, _MAX_CONCURRENT, _INITIAL_WINDOW, _MAX_FRAME, _MAX_LIST = 0x2, 0x3, 0x4, 0x5, 0x6
 _KEEPALIVE_PING: Final = b"dlserve\x00"  # the opaque data of our keepalive PINGs
@@ -141,7 +143,7 @@ class Connection(asyncio.Protocol):
         self._recv_credit = 0  # of those, bytes taken (or dropped) and not yet given back
         # streams closed lately: True if a frame on one is STREAM_CLOSED (the client ended
         # or reset it), False if it is ignored (we reset it: RFC 9113 5.1 "closed")
-        self._closed: dict[int, bool] = {}
+        self._closed: OrderedDict[int, bool] = OrderedDict()
         # a header block waiting for CONTINUATION: its stream (0: none), flags, bytes
         self._continuing = 0
         self._block_flags = 0
@@ -207,7 +209,7 @@ class Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         for stream in self.streams.values():
-            stream.wake()
+            self._drop(stream)
         self.streams.clear()
         self.sender.close()
         self.closed()
@@ -285,9 +287,9 @@ class Connection(asyncio.Protocol):
         with a loop to turn to); where the first one not handled starts."""
         view = memoryview(data)
         size = len(data)
-        turn = _FRAMES_PER_TURN if self._turns is not None else -1
+        turn = _FRAMES_PER_TURN if self._turns is not None else 2**62
         max_frame = self._max_frame
-        while size - pos >= 9 and turn and not self._dead:
+        while size - pos >= 9 and turn > 0 and not self._dead:
             head = int.from_bytes(data[pos : pos + 9], "big")
             length = head >> 48
             if length > max_frame:
@@ -301,7 +303,7 @@ class Connection(asyncio.Protocol):
                 break
             self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             pos = end
-            turn -= 1
+            turn -= _HEADERS_WEIGHT if kind == HEADERS else 1
         return pos
 
     def _stream_start(self, flags: int, stream_id: int, length: int, first: memoryview) -> None:
@@ -573,7 +575,7 @@ class Connection(asyncio.Protocol):
             return
         self._calm(self._resets)
         self.sender.blocked.pop(stream_id, None)
-        stream.wake()
+        self._drop(stream)
         self._forget(stream, True)
         self.stream_reset(stream_id)
 
@@ -586,10 +588,18 @@ class Connection(asyncio.Protocol):
             self._remember(stream_id, False)
             return
         self.sender.blocked.pop(stream_id, None)
-        stream.ended = True
-        stream.wake()
+        self._drop(stream)
         self._forget(stream, False)
         self.stream_reset(stream_id)
+
+    @staticmethod
+    def _drop(stream: StreamState) -> None:
+        """The stream is gone before what it queued could leave: let go of it now (a
+        producer waiting on it may hold the stream a while longer)."""
+        stream.ended = True
+        stream.out.clear()
+        stream.queued = 0
+        stream.wake()
 
     def _stream_ended(self, stream: StreamState) -> None:
         """The sender ended the stream: a frame the client sends on it later is an error
@@ -606,7 +616,7 @@ class Connection(asyncio.Protocol):
         remembered = self._closed
         remembered[stream_id] = closed
         if len(remembered) > _CLOSED_KEPT:
-            del remembered[next(iter(remembered))]
+            remembered.popitem(last=False)
 
     def _priority(self, stream_id: int, payload: memoryview) -> None:
         if not stream_id:

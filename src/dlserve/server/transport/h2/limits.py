@@ -19,7 +19,7 @@ class Limits:
     max_header_list_size: int = 16384  # SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 6.5.2 size)
     max_frame_size: int = 16384  # SETTINGS_MAX_FRAME_SIZE, RFC 9113's default
     # per second (and at once): client resets of started streams and stream errors we send
-    max_resets_per_s: int = 500
+    max_resets_per_s: int = 200
     # per second (and at once): SETTINGS, PING, PRIORITY, unknown frames, empty frames
     max_control_frames_per_s: int = 1000
     keepalive_time_ms: int = 7_200_000  # the server PINGs an open connection this often
