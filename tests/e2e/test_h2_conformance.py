@@ -379,3 +379,22 @@ def test_the_settings_advertised(server: RunningServer) -> None:
         assert raw.settings[0x3] == 1024 and raw.settings[0x6] == 16384
         assert 0x5 not in raw.settings
         raw.headers(1, request(path=LIVE))
+
+
+def test_the_options_reach_the_connections() -> None:
+    """A server started with other limits advertises them, refuses the stream past its
+    concurrency, takes larger frames, and PINGs a connection with a call (keepalive)."""
+    options = ("--grpc-http2-max-concurrent-streams", "2", "--grpc-http2-max-frame-size",
+               "65536", "--grpc-keepalive-time", "100", "--grpc-http2-max-header-list-size",
+               "8192")  # fmt: skip
+    with run_server(EXAMPLES, *options) as running, Raw(running.grpc_port) as raw:
+        assert (raw.settings[0x3], raw.settings[0x5], raw.settings[0x6]) == (2, 65536, 8192)
+        raw.send(frame(HEADERS, END_HEADERS, 1, request()) + frame(DATA, 0, 1, bytes(20000)))
+        raw.send(
+            frame(HEADERS, END_HEADERS, 3, request()) + frame(HEADERS, END_HEADERS, 5, request())
+        )
+        assert raw.outcome()[:2] == rst(REFUSED_STREAM)
+        while True:  # the keepalive PING, within its 100 ms
+            kind, flags, _, _ = raw.frame()
+            if kind == PING and not flags & 0x1:
+                break

@@ -301,7 +301,12 @@ class Connection(asyncio.Protocol):
                     self._stream_start(flags, head & 0x7FFFFFFF, length, view[pos + 9 :])
                     return size
                 break
-            self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
+            if kind == DATA and not flags & PADDED and self._settled and not self._continuing:
+                stream = self._data_start(flags, head & 0x7FFFFFFF, length)  # the usual DATA
+                if stream is not None:
+                    self._hand_on(stream, view[pos + 9 : end], flags)
+            else:
+                self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             pos = end
             turn -= _HEADERS_WEIGHT if kind == HEADERS else 1
         return pos
