@@ -130,6 +130,7 @@ class Connection(asyncio.Protocol):
         self._partial_size = 0
         self._needed = 0  # bytes the partial frame needs in all
         self._backlog: list[bytes] | None = None  # bytes left for the loop's next turn
+        self._backlog_at = 0  # where in the first of them
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
         # (stream id, its flags, payload bytes still to come)
         self._streaming: tuple[int, int, int] | None = None
@@ -223,8 +224,7 @@ class Connection(asyncio.Protocol):
         elif not self._dead:
             self._receive(data)
 
-    def _receive(self, data: bytes) -> None:
-        pos = 0
+    def _receive(self, data: bytes, pos: int = 0) -> None:
         if self._streaming is not None:
             pos = self._stream_piece(data)
             if pos == len(data):
@@ -247,33 +247,37 @@ class Connection(asyncio.Protocol):
                 pos = len(PREFACE)
             pos = self._read_frames(data, pos)
             if pos < len(data) and self.transport is not None and not self._dead:
-                self._rest(data[pos:])
+                self._rest(data, pos)
         except ProtocolError as exc:
             log.debug("HTTP/2 protocol error: %s", exc)
             self._go_away(exc.code, str(exc))
 
-    def _rest(self, rest: bytes) -> None:
-        """Bytes past the frames handled: a frame still arriving, or frames left for the
-        loop's next turn."""
-        if len(rest) >= 9:
-            length = int.from_bytes(rest[:3], "big")
-            if length > self._max_frame:
-                raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
-            if len(rest) >= 9 + length and self._turns is not None:
-                self._backlog = [rest]
-                assert self.transport is not None
-                self.transport.pause_reading()
-                self._turns.call_soon(self._next_turn)
-                return
-            self._keep(rest, 9 + length)
-        else:
-            self._keep(rest, 9)
+    def _rest(self, data: bytes, pos: int) -> None:
+        """The bytes of ``data`` from ``pos``, past the frames handled: a frame still
+        arriving, or frames left for the loop's next turn (kept where they are: no copy)."""
+        left = len(data) - pos
+        if left < 9:
+            self._keep(data[pos:], 9)
+            return
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        if length > self._max_frame:
+            raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
+        if left < 9 + length or self._turns is None:
+            self._keep(data[pos:], 9 + length)
+            return
+        self._backlog, self._backlog_at = [data], pos
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self._turns.call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
         backlog, self._backlog = self._backlog, None
         if backlog is None or self._dead or self.transport is None:
             return
-        self._receive(backlog[0] if len(backlog) == 1 else b"".join(backlog))
+        if len(backlog) == 1:
+            self._receive(backlog[0], self._backlog_at)
+        else:  # more came before reading paused
+            self._receive(b"".join([backlog[0][self._backlog_at :], *backlog[1:]]))
         if self._backlog is None and self.transport is not None and not self._dead:
             self.transport.resume_reading()
 
