@@ -90,8 +90,8 @@ log = logging.getLogger("dlserve.grpc")
 
 _STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
-_FRAMES_PER_TURN: Final = 128  # frames handled per data_received before the loop's turn
-_HEADERS_WEIGHT: Final = 16  # a HEADERS frame (a new call) counts as this many frames
+_FRAMES_PER_TURN: Final = 64  # frames handled per data_received before the loop's turn
+_HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
 _ENABLE_PUSH, _MAX_CONCURRENT, _INITIAL_WINDOW, _MAX_FRAME, _MAX_LIST = 0x2, 0x3, 0x4, 0x5, 0x6
 _KEEPALIVE_PING: Final = b"dlserve\x00"  # the opaque data of our keepalive PINGs
