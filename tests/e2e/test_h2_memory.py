@@ -4,10 +4,10 @@ connection that sends past its window raises it by no more than the connection's
 was once the connection is gone; a streaming call whose client sends past its window and
 never reads leaves nothing behind, call after call.
 
-The server runs with glibc's malloc thresholds fixed (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``): by default glibc raises its mmap threshold once a buffer of
-a few MiB is freed, and keeps later ones of that size in its heap, so RSS would show
-what the allocator caches rather than what the server holds."""
+The server runs with glibc's malloc thresholds given (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``): by default it raises them itself (``tensors/heap.py``: large
+buffers keep their pages, up to 128 MB freed stays with the process), so RSS would show
+what the allocator keeps by design rather than what the server holds."""
 
 from __future__ import annotations
 
