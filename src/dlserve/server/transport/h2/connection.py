@@ -225,32 +225,42 @@ class Connection(asyncio.Protocol):
             self._receive(data)
 
     def _receive(self, data: bytes, pos: int = 0) -> None:
-        if self._streaming is not None:
-            pos = self._stream_piece(data)
-            if pos == len(data):
-                return
-        elif self._partial:
-            self._partial.append(data)
-            self._partial_size += len(data)
-            if self._partial_size < self._needed:
-                return
-            data = b"".join(self._partial)
-            self._partial.clear()
         try:
-            if not self._preface:
-                if len(data) < len(PREFACE) and PREFACE.startswith(data):
-                    self._keep(data, len(PREFACE))
+            while not self._dead:
+                if self._streaming is not None:  # a large DATA frame's next piece
+                    pos += self._stream_piece(data, pos)
+                    if pos >= len(data):
+                        return
+                elif self._partial:  # a frame begun in an earlier read: only its rest joined
+                    need = self._needed - self._partial_size
+                    if len(data) - pos < need:
+                        self._partial.append(data[pos:] if pos else data)
+                        self._partial_size += len(data) - pos
+                        return
+                    piece = b"".join([*self._partial, data[pos : pos + need]])
+                    pos += need
+                    self._partial.clear()
+                    self._frames(piece, 0)
+                else:
+                    self._frames(data, pos)
                     return
-                if not data.startswith(PREFACE):
-                    raise ProtocolError(PROTOCOL_ERROR, "not the HTTP/2 connection preface")
-                self._preface = True
-                pos = len(PREFACE)
-            pos = self._read_frames(data, pos)
-            if pos < len(data) and self.transport is not None and not self._dead:
-                self._rest(data, pos)
         except ProtocolError as exc:
             log.debug("HTTP/2 protocol error: %s", exc)
             self._go_away(exc.code, str(exc))
+
+    def _frames(self, data: bytes, pos: int) -> None:
+        """The preface, then the frames of ``data`` from ``pos``; what is left is kept."""
+        if not self._preface:
+            if len(data) - pos < len(PREFACE) and PREFACE.startswith(data[pos:]):
+                self._keep(data[pos:], len(PREFACE))
+                return
+            if not data.startswith(PREFACE, pos):
+                raise ProtocolError(PROTOCOL_ERROR, "not the HTTP/2 connection preface")
+            self._preface = True
+            pos += len(PREFACE)
+        pos = self._read_frames(data, pos)
+        if pos < len(data) and self.transport is not None and not self._dead:
+            self._rest(data, pos)
 
     def _rest(self, data: bytes, pos: int) -> None:
         """The bytes of ``data`` from ``pos``, past the frames handled: a frame still
@@ -327,17 +337,17 @@ class Connection(asyncio.Protocol):
         if stream is not None:
             self._hand_on(stream, first, flags & ~END_STREAM)
 
-    def _stream_piece(self, data: bytes) -> int:
-        """Hand on the next piece of the DATA frame arriving piece by piece; how many bytes
-        of ``data`` it took (the next frame starts there)."""
+    def _stream_piece(self, data: bytes, pos: int) -> int:
+        """Hand on the next piece (from ``pos``) of the DATA frame arriving piece by piece;
+        how many bytes of ``data`` it took (the next frame starts there)."""
         assert self._streaming is not None
         stream_id, flags, remaining = self._streaming
-        take = min(remaining, len(data))
+        take = min(remaining, len(data) - pos)
         remaining -= take
         self._streaming = (stream_id, flags, remaining) if remaining else None
         stream = self.streams.get(stream_id) if stream_id else None
         if stream is not None:
-            piece = memoryview(data)[:take] if take < len(data) else memoryview(data)
+            piece = memoryview(data)[pos : pos + take] if pos or take < len(data) else data
             self._hand_on(stream, piece, flags if not remaining else flags & ~END_STREAM)
         return take
 
@@ -421,7 +431,7 @@ class Connection(asyncio.Protocol):
         else:
             self._calm(self._control)  # a stream we reset: its DATA still coming is dropped
 
-    def _hand_on(self, stream: StreamState, payload: memoryview, flags: int) -> None:
+    def _hand_on(self, stream: StreamState, payload: memoryview | bytes, flags: int) -> None:
         end_stream = bool(flags & END_STREAM)
         if stream.expected >= 0:
             stream.expected -= len(payload)
