@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from typing import Final, cast
 
 from dlserve.server.transport.h2 import hpack_codec
@@ -137,6 +136,7 @@ class Connection(asyncio.Protocol):
         self._preface = False
         self._settled = False  # the client's first frame, its SETTINGS, has come
         self._max_frame = limits.max_frame_size
+        self._max_streams = limits.max_concurrent_streams
         self._max_block = 2 * limits.max_header_list_size  # a header block, compressed
         self._decoder = hpack_codec.Decoder(4096, limits.max_header_list_size)
         self._peer_window = 65535  # the client's initial stream window for what we send
@@ -144,7 +144,7 @@ class Connection(asyncio.Protocol):
         self._recv_credit = 0  # of those, bytes taken (or dropped) and not yet given back
         # streams closed lately: True if a frame on one is STREAM_CLOSED (the client ended
         # or reset it), False if it is ignored (we reset it: RFC 9113 5.1 "closed")
-        self._closed: OrderedDict[int, bool] = OrderedDict()
+        self._closed: dict[int, bool] = {}
         # a header block waiting for CONTINUATION: its stream (0: none), flags, bytes
         self._continuing = 0
         self._block_flags = 0
@@ -241,6 +241,11 @@ class Connection(asyncio.Protocol):
                     pos += need
                     self._partial.clear()
                     self._frames(piece, 0)
+                elif self._preface:
+                    pos = self._read_frames(data, pos)
+                    if pos < len(data) and self.transport is not None and not self._dead:
+                        self._rest(data, pos)
+                    return
                 else:
                     self._frames(data, pos)
                     return
@@ -315,10 +320,14 @@ class Connection(asyncio.Protocol):
                     self._stream_start(flags, head & 0x7FFFFFFF, length, view[pos + 9 :])
                     return size
                 break
-            if kind == DATA and not flags & PADDED and self._settled and not self._continuing:
+            if not self._settled or self._continuing:
+                self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
+            elif kind == DATA and not flags & PADDED:
                 stream = self._data_start(flags, head & 0x7FFFFFFF, length)  # the usual DATA
                 if stream is not None:
                     self._hand_on(stream, view[pos + 9 : end], flags)
+            elif kind == HEADERS:
+                self._headers(flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             else:
                 self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             pos = end
@@ -481,7 +490,10 @@ class Connection(asyncio.Protocol):
         if not stream_id % 2:
             raise ProtocolError(PROTOCOL_ERROR, "HEADERS on an even stream")
         if flags & END_HEADERS:
-            self._header_block(stream_id, flags, bytes(payload))
+            if stream_id > self.last_stream_id:  # the usual: a new stream's whole block
+                self._open(stream_id, flags, bytes(payload))
+            else:
+                self._header_block(stream_id, flags, bytes(payload))
             return
         if len(payload) > self._max_block:
             raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
@@ -520,14 +532,10 @@ class Connection(asyncio.Protocol):
         end_stream = bool(flags & END_STREAM)
         headers = self._decode(block)
         if headers is None:  # past SETTINGS_MAX_HEADER_LIST_SIZE
-            self._calm(self._resets)
-            if self._refused(stream_id):
-                return
-            self.streams[stream_id] = StreamState(stream_id, self._peer_window)
-            self.streams[stream_id].remote_ended = end_stream
-            self.headers_too_large(stream_id, end_stream)
+            self._too_large(stream_id, end_stream)
             return
-        if self._refused(stream_id):
+        if self.going_away or len(self.streams) >= self._max_streams:
+            self._refuse_stream(stream_id)
             return
         if headers is not self._valid:
             try:
@@ -537,25 +545,35 @@ class Connection(asyncio.Protocol):
                 self.reset_stream(stream_id, PROTOCOL_ERROR)
                 return
             self._valid = headers
-        if flags >> 8:  # a priority that depends on the stream itself
-            self.reset_stream(stream_id, PROTOCOL_ERROR)
+        if (flags >> 8 or self._valid_length >= 0) and not self._checked(
+            stream_id, flags, end_stream
+        ):
             return
         stream = self.streams[stream_id] = StreamState(stream_id, self._peer_window)
         stream.remote_ended = end_stream
-        if self._valid_length >= 0:
-            stream.expected = self._valid_length
-            if end_stream and stream.expected:
-                self.reset_stream(stream_id, PROTOCOL_ERROR)
-                return
+        stream.expected = self._valid_length
         self.stream_opened(stream_id, headers, end_stream)
 
-    def _refused(self, stream_id: int) -> bool:
+    def _checked(self, stream_id: int, flags: int, end_stream: bool) -> bool:
+        """The rarer checks of a new stream: a priority on itself, a content-length."""
+        if flags >> 8 or (end_stream and self._valid_length):
+            self.reset_stream(stream_id, PROTOCOL_ERROR)
+            return False
+        return True
+
+    def _too_large(self, stream_id: int, end_stream: bool) -> None:
+        self._calm(self._resets)
+        if self.going_away or len(self.streams) >= self._max_streams:
+            self._refuse_stream(stream_id)
+            return
+        stream = self.streams[stream_id] = StreamState(stream_id, self._peer_window)
+        stream.remote_ended = end_stream
+        self.headers_too_large(stream_id, end_stream)
+
+    def _refuse_stream(self, stream_id: int) -> None:
         """A new stream after our GOAWAY, or past SETTINGS_MAX_CONCURRENT_STREAMS, is
         refused (RFC 9113 5.1.2): the client may try it again."""
-        if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
-            self.reset_stream(stream_id, REFUSED_STREAM)
-            return True
-        return False
+        self.reset_stream(stream_id, REFUSED_STREAM)
 
     def _trailers(self, stream: StreamState, flags: int, block: bytes) -> None:
         """A second header block on an open stream: the client's trailers."""
@@ -623,7 +641,13 @@ class Connection(asyncio.Protocol):
     def _stream_ended(self, stream: StreamState) -> None:
         """The sender ended the stream: a frame the client sends on it later is an error
         if the client had ended it too, else dropped (we send RST_STREAM NO_ERROR)."""
-        self._forget(stream, stream.remote_ended)
+        if stream.recv_pending:
+            self._credit(stream.recv_pending)
+            stream.recv_pending = 0
+        remembered = self._closed
+        remembered[stream.stream_id] = stream.remote_ended
+        if len(remembered) > 2 * _CLOSED_KEPT:
+            self._prune()
 
     def _forget(self, stream: StreamState, closed: bool) -> None:
         if stream.recv_pending:
@@ -634,8 +658,15 @@ class Connection(asyncio.Protocol):
     def _remember(self, stream_id: int, closed: bool) -> None:
         remembered = self._closed
         remembered[stream_id] = closed
-        if len(remembered) > _CLOSED_KEPT:
-            remembered.popitem(last=False)
+        if len(remembered) > 2 * _CLOSED_KEPT:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Keep the latest ``_CLOSED_KEPT`` closed streams (ids only grow): in bulk, once
+        twice as many are kept, so that a stream's end costs a dict's store."""
+        remembered = self._closed
+        for stream_id in sorted(remembered)[:-_CLOSED_KEPT]:
+            del remembered[stream_id]
 
     def _priority(self, stream_id: int, payload: memoryview) -> None:
         if not stream_id:
