@@ -5,7 +5,8 @@ empty frames), gRPC's keepalive policy (grpc/doc/keepalive.md, with Triton's def
 and an idle timeout. The server's options fill one ``Limits``; every connection reads it.
 
 ``Budget`` is a token bucket a connection spends one token from per costly frame; it
-reads the clock only when its tokens run out, so a frame costs a subtraction."""
+reads the clock only when its tokens run out, so a frame costs a subtraction. It holds a
+fifth of a second's worth: a flood ends after little work on each connection it opens."""
 
 from __future__ import annotations
 
@@ -32,13 +33,15 @@ class Limits:
 
 
 class Budget:
-    """``rate`` tokens a second, at most ``rate`` at once; ``rate`` 0: no limit."""
+    """``rate`` tokens a second, at most a fifth of a second's worth (and 20) at once, so
+    that a connection that floods is closed after little work; ``rate`` 0: no limit."""
 
-    __slots__ = ("rate", "stamp", "tokens")
+    __slots__ = ("burst", "rate", "stamp", "tokens")
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self.tokens = float(rate)
+        self.burst = float(max(rate // 5, 20))
+        self.tokens = self.burst
         self.stamp = time.monotonic()
 
     def spend(self) -> bool:
@@ -47,6 +50,6 @@ class Budget:
         if self.tokens >= 0 or not self.rate:
             return True
         now = time.monotonic()
-        self.tokens = min(float(self.rate), self.tokens + (now - self.stamp) * self.rate)
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
         return self.tokens >= 0
