@@ -32,7 +32,7 @@ from dlserve.server.transport.h2.frames import (
 )
 from dlserve.server.transport.h2.limits import Limits
 
-EXAMPLES = int(os.environ.get("DLSERVE_FUZZ_EXAMPLES", "1000"))
+EXAMPLES = int(os.environ.get("DLSERVE_FUZZ_EXAMPLES", "3000"))
 FUZZ = settings(
     max_examples=EXAMPLES, derandomize="DLSERVE_FUZZ_RANDOM" not in os.environ,
     database=None, deadline=None,
