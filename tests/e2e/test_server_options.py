@@ -202,12 +202,12 @@ def test_triton_tuning_options_are_accepted_and_change_nothing(tmp_path: Path) -
 
 def test_triton_feature_options_are_refused_with_their_reasons(tmp_path: Path) -> None:
     features = ("--rate-limit=execution_count", "--allow-sagemaker", "true",
-                "--grpc-keepalive-time=7200000", "--backend-config=default-max-batch-size=8",
+                "--grpc-max-connection-age=1000", "--backend-config=default-max-batch-size=8",
                 "--backend-config=python,shm-default-byte-size=1048576")  # fmt: skip
     done = _serve_until_exit(tmp_path, *features)
     assert done.returncode == 2
     reasons = ("--rate-limit: Triton's rate limiter", "--allow-sagemaker: the SageMaker",
-               "--grpc-keepalive-time: gRPC keepalive pings sent by the server",
+               "--grpc-max-connection-age: closing gRPC connections after an age",
                "--backend-config=default-max-batch-size=8: a setting for every backend",
                )  # fmt: skip
     for reason in reasons:

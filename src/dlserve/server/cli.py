@@ -15,7 +15,7 @@ from dlserve.server.frontends.restrictions import (
     Restrictions,
     parse_options,
 )
-from dlserve.server.options import DEPRECATED_TRACE
+from dlserve.server.options import DEPRECATED_TRACE, http2_limits
 from dlserve.server.options import parser as _parser
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             send_timeout=args.http_send_timeout,
         ),
         grpc_max_connections=args.grpc_max_connections,
+        grpc_http2=http2_limits(args),
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

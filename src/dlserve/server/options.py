@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dlserve import __version__
 from dlserve.server import triton_options
 from dlserve.server.frontends.restrictions import GROUPS
+from dlserve.server.transport.h2.limits import Limits
 
 DEPRECATED_TRACE = {
     "--trace-file": "triton,file", "--trace-level": "level", "--trace-rate": "rate",
@@ -100,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
     _tls_options(serve.add_argument_group("gRPC over TLS (Triton's options)"))
     _access_options(serve.add_argument_group("endpoint access (Triton's options)"))
     _connection_limits(serve.add_argument_group("connection limits and timeouts"))
+    _http2_options(serve.add_argument_group("gRPC's HTTP/2: keepalive (Triton's options), limits"))
     triton_options.add_options(serve)  # hidden: answered in main(), see triton_options
     return parser
 
@@ -296,3 +298,69 @@ def _access_options(group: Any) -> None:
         help="only requests with the header 'KEY: VALUE' may use these groups of "
         f"routes (repeatable; a group in one option only). Groups: {groups}",
     )  # fmt: skip
+
+
+def _http2_options(group: Any) -> None:
+    """gRPC's HTTP/2 connections (docs/network-edge.md): Triton's keepalive options with
+    Triton's defaults, and dlserve's limits on what one connection may ask."""
+    defaults = Limits()
+    for flag, field_name, unit, text in _HTTP2_OPTIONS:
+        default = getattr(defaults, field_name)
+        kind = _flag if isinstance(default, bool) else _count(flag)
+        group.add_argument(
+            flag, dest=f"h2_{field_name}", type=kind, default=default, metavar=unit,
+            help=f"{text} (default {default})",
+        )  # fmt: skip
+
+
+_HTTP2_OPTIONS: Final = (
+    ("--grpc-keepalive-time", "keepalive_time_ms", "MS",
+     "the server PINGs a connection with calls this often"),
+    ("--grpc-keepalive-timeout", "keepalive_timeout_ms", "MS",
+     "and closes it when the PING's ACK does not come within this"),
+    ("--grpc-keepalive-permit-without-calls", "keepalive_permit_without_calls", "BOOL",
+     "keepalive PINGs both ways also on connections without calls"),
+    ("--grpc-http2-max-pings-without-data", "max_pings_without_data", "N",
+     "keepalive PINGs the server sends with no data between (0: no limit)"),
+    ("--grpc-http2-min-recv-ping-interval-without-data", "min_recv_ping_interval_without_data_ms",
+     "MS", "a client PING sooner than this after its last, with no data between, is a strike"),
+    ("--grpc-http2-max-ping-strikes", "max_ping_strikes", "N",
+     "strikes past this: GOAWAY ENHANCE_YOUR_CALM 'too_many_pings' (0: no limit)"),
+    ("--grpc-http2-max-concurrent-streams", "max_concurrent_streams", "N",
+     "streams (calls) one connection may have open; more are refused (REFUSED_STREAM)"),
+    ("--grpc-http2-max-header-list-size", "max_header_list_size", "BYTES",
+     "a request's headers (RFC 9113 sizes); larger: RESOURCE_EXHAUSTED"),
+    ("--grpc-http2-max-frame-size", "max_frame_size", "BYTES",
+     "the largest frame a client may send (16384 to 16777215)"),
+    ("--grpc-http2-max-resets-per-second", "max_resets_per_s", "N",
+     "streams a connection may reset (or have reset) a second; more: GOAWAY (0: no limit)"),
+    ("--grpc-http2-max-control-frames-per-second", "max_control_frames_per_s", "N",
+     "SETTINGS, PING, PRIORITY, empty and unknown frames a second (0: no limit)"),
+    ("--grpc-max-connection-idle", "max_connection_idle_ms", "MS",
+     "a connection with no call open this long is closed with GOAWAY (0: never)"),
+)  # fmt: skip
+
+
+def _count(flag: str) -> Any:
+    def parse(text: str) -> int:
+        value = int(text)
+        low, high = _HTTP2_RANGES.get(flag, (0, 2**31 - 1))
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{flag} must be from {low} to {high}")
+        return value
+
+    return parse
+
+
+_HTTP2_RANGES: Final = {
+    "--grpc-http2-max-frame-size": (2**14, 2**24 - 1),
+    "--grpc-http2-max-concurrent-streams": (1, 2**31 - 1),
+    "--grpc-http2-max-header-list-size": (1024, 2**31 - 1),
+    "--grpc-keepalive-time": (0, 2**31 - 1),
+    "--grpc-keepalive-timeout": (1, 2**31 - 1),
+}
+
+
+def http2_limits(args: argparse.Namespace) -> Limits:
+    """The ``Limits`` the HTTP/2 options above give."""
+    return Limits(**{name: getattr(args, f"h2_{name}") for _, name, _, _ in _HTTP2_OPTIONS})

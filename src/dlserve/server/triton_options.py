@@ -58,13 +58,6 @@ _FEATURES: Final = {
     "--grpc-header-forward-pattern": "forwarding gRPC metadata to the model as parameters",
     "--grpc-infer-response-compression-level": "compressing gRPC responses (requests "
     "compressed by the client are accepted)",
-    "--grpc-keepalive-time": "gRPC keepalive pings sent by the server (the client's pings "
-    "are answered)",
-    "--grpc-keepalive-timeout": "gRPC keepalive pings sent by the server",
-    "--grpc-keepalive-permit-without-calls": "gRPC keepalive pings sent by the server",
-    "--grpc-http2-max-pings-without-data": "limits on the client's HTTP/2 pings",
-    "--grpc-http2-min-recv-ping-interval-without-data": "limits on the client's HTTP/2 pings",
-    "--grpc-http2-max-ping-strikes": "limits on the client's HTTP/2 pings",
     "--grpc-max-connection-age": "closing gRPC connections after an age",
     "--grpc-max-connection-age-grace": "closing gRPC connections after an age",
     "--reuse-http-port": "sharing the HTTP port with other processes (SO_REUSEPORT)",

@@ -28,6 +28,7 @@ from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
 from dlserve.server.transport.grpc.listener import TlsOptions
 from dlserve.server.transport.http1.limits import Http1Limits
+from dlserve.server.transport.h2.limits import Limits
 from dlserve.server.transport.http1.listener import HttpServer
 from dlserve.server.transport.listen_error import ListenError
 from dlserve.tensors import heap
@@ -83,6 +84,7 @@ class ServerOptions:
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
     http_limits: Http1Limits = field(default_factory=Http1Limits)  # --http-max-connections...
     grpc_max_connections: int | None = 4096  # --grpc-max-connections
+    grpc_http2: Limits = field(default_factory=Limits)  # gRPC's HTTP/2 limits and keepalive
 
 
 class Server:
@@ -158,7 +160,7 @@ class Server:
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
-                self.options.grpc_tls, self.options.grpc_restrictions,
+                self.options.grpc_tls, self.options.grpc_restrictions, self.options.grpc_http2,
             )  # fmt: skip
             self._grpc.max_connections = self.options.grpc_max_connections
             self.ports["grpc_port"] = await self._grpc.start()

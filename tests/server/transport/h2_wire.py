@@ -34,6 +34,7 @@ class Wire:
         self.frames: list[Frame] = []
         self.batches: list[list[Frame]] = []  # the frames of each write call
         self.closed = False
+        self.paused = False
         self._buffer = bytearray()
 
     # -- the connection's output (what asyncio's transport does for it) --------------------
@@ -45,6 +46,12 @@ class Wire:
 
     def close(self) -> None:
         self.closed = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default  # no socket, no peer

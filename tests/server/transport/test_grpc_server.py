@@ -28,6 +28,7 @@ from dlserve.server.transport.grpc.calls import Context, Method, Parts
 from dlserve.server.transport.grpc.listener import GrpcServer
 from dlserve.server.transport.h2 import frames as h2
 from dlserve.server.transport.h2 import hpack_codec
+from dlserve.server.transport.h2.limits import Limits
 from dlserve.server.transport.listen_error import ListenError
 
 DEADLINE_S = 60.0
@@ -126,10 +127,14 @@ def methods(probe: Probe) -> dict[str, Method]:
 
 
 @contextlib.contextmanager
-def serving(uds_path: str | None = None) -> Iterator[tuple[GrpcServer, int, Probe]]:
+def serving(
+    uds_path: str | None = None, limits: Limits = Limits(),  # noqa: B008 (frozen)
+) -> Iterator[tuple[GrpcServer, int, Probe]]:  # fmt: skip
     loop = uvloop.new_event_loop()
     probe = Probe(loop)
-    server = GrpcServer(methods(probe), "127.0.0.1", 0, uds_path, status_of=status_of)
+    server = GrpcServer(
+        methods(probe), "127.0.0.1", 0, uds_path, status_of=status_of, limits=limits
+    )
     probe.server = server
     port = loop.run_until_complete(server.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -435,15 +440,23 @@ def test_a_stream_the_handler_does_not_read_gets_no_more_window() -> None:
         assert h2.WINDOW_UPDATE not in _until(frames, h2.PING, 0)
         probe.release()
         assert h2.WINDOW_UPDATE in _until(frames, h2.WINDOW_UPDATE, 1)
-        sock.sendall(h2.frame(h2.DATA, h2.END_STREAM, 1, message))
+        for at in range(0, len(message), 16384):
+            last = at + 16384 >= len(message)
+            sock.sendall(
+                h2.frame(h2.DATA, h2.END_STREAM if last else 0, 1, message[at : at + 16384])
+            )
         _until(frames, h2.DATA, 1)
 
 
 def test_an_endless_header_block_closes_the_connection() -> None:
     with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(DEADLINE_S)
-        sock.sendall(h2.PREFACE + h2.frame(h2.HEADERS, 0, 1, _request_head(b"/t.S/Echo")))
-        for _ in range(h2.MAX_HEADER_BLOCK // 16384):  # the last one goes past the limit
+        sock.sendall(
+            h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0)
+            + h2.frame(h2.HEADERS, 0, 1, _request_head(b"/t.S/Echo"))
+        )  # fmt: skip
+        # the last one takes the block past twice SETTINGS_MAX_HEADER_LIST_SIZE
+        for _ in range(2 * Limits().max_header_list_size // 16384):
             sock.sendall(h2.frame(h2.CONTINUATION, 0, 1, b"\x40" * 16384))
         goaway = [p for kind, _, _, p in _raw_frames(sock) if kind == h2.GOAWAY]
     assert int.from_bytes(goaway[0][4:8], "big") == h2.ENHANCE_YOUR_CALM
@@ -466,7 +479,11 @@ def test_messages_in_pieces_and_frames_larger_than_a_read() -> None:
         else:
             frames.append(h2.frame(h2.DATA, flags, 1, data[start:end]))
     whole = h2.MAX_WINDOW.to_bytes(4, "big")
-    with serving() as (_, port, _), socket.create_connection(("127.0.0.1", port)) as sock:
+    big_frames = Limits(max_frame_size=h2.MAX_FRAME)
+    with (
+        serving(limits=big_frames) as (_, port, _),
+        socket.create_connection(("127.0.0.1", port)) as sock,
+    ):
         sock.settimeout(DEADLINE_S)
         sock.sendall(
             h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, b"\x00\x04" + whole)

@@ -15,6 +15,7 @@ from dlserve.server.transport.h2.connection import Connection
 from dlserve.server.transport.h2.frames import (
     ACK,
     COMPRESSION_ERROR,
+    CONNECTION_WINDOW,
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -38,6 +39,7 @@ from dlserve.server.transport.h2.frames import (
     WINDOW_UPDATE,
     frame,
 )
+from dlserve.server.transport.h2.limits import Limits
 
 Event = tuple[Any, ...]
 
@@ -45,8 +47,8 @@ Event = tuple[Any, ...]
 class Recorder(Connection):
     """Records the callbacks; ``hold``: streams whose received bytes are not taken yet."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, limits: Limits = Limits()) -> None:  # noqa: B008 (frozen)
+        super().__init__(limits)
         self.events: list[Event] = []
         self.hold: set[int] = set()
 
@@ -66,9 +68,12 @@ class Recorder(Connection):
         return stream_id in self.hold
 
 
-def connected(window: int = MAX_WINDOW) -> tuple[Recorder, Wire]:
+BIG_FRAMES = Limits(max_frame_size=MAX_FRAME)  # a server that takes frames of any size
+
+
+def connected(window: int = MAX_WINDOW, limits: Limits = Limits()) -> tuple[Recorder, Wire]:  # noqa: B008
     """A connection past the client's preface and SETTINGS, its first frames taken."""
-    connection, wire = Recorder(), Wire()
+    connection, wire = Recorder(limits), Wire()
     connection.connection_made(wire)  # type: ignore[arg-type]
     connection.data_received(opening(window))
     wire.take()
@@ -96,11 +101,14 @@ def test_the_server_speaks_first_with_its_settings_and_window() -> None:
     connection.connection_made(wire)  # type: ignore[arg-type]
     settings, window = wire.take()
     assert (settings.kind, settings.flags) == (SETTINGS, 0)
-    assert settings.payload == (
-        b"\x00\x04" + STREAM_WINDOW.to_bytes(4, "big") + b"\x00\x05" + MAX_FRAME.to_bytes(4, "big")
-    )
+    limits = Limits()
+    assert settings.payload == (  # the initial window, concurrent streams, header list size
+        b"\x00\x04" + STREAM_WINDOW.to_bytes(4, "big")
+        + b"\x00\x03" + limits.max_concurrent_streams.to_bytes(4, "big")
+        + b"\x00\x06" + limits.max_header_list_size.to_bytes(4, "big")
+    )  # fmt: skip
     assert (window.kind, window.stream) == (WINDOW_UPDATE, 0)
-    assert int.from_bytes(window.payload, "big") == MAX_WINDOW - 65535
+    assert int.from_bytes(window.payload, "big") == CONNECTION_WINDOW - 65535
 
 
 def test_a_client_without_the_preface_is_closed() -> None:
@@ -108,7 +116,9 @@ def test_a_client_without_the_preface_is_closed() -> None:
     connection.connection_made(wire)  # type: ignore[arg-type]
     wire.take()
     connection.data_received(b"GET / HTTP/1.1\r\n\r\n")
-    assert wire.closed and not wire.take() and not connection.events
+    [goaway] = wire.take()
+    assert wire.closed and not connection.events
+    assert goaway.kind == GOAWAY and _code(goaway) == PROTOCOL_ERROR
 
 
 def test_settings_are_acknowledged() -> None:
@@ -150,7 +160,7 @@ def test_bytes_cut_anywhere_make_the_same_callbacks(cut: int) -> None:
 def test_a_large_data_frame_is_handed_on_as_it_arrives() -> None:
     """A DATA frame of 256 KiB or more reaches the stream piece by piece, each piece a view
     of the bytes that arrived (not joined first), the end of the stream with the last."""
-    connection, _ = connected()
+    connection, _ = connected(limits=BIG_FRAMES)
     connection.data_received(headers(1, request_head()))
     payload = bytes(range(256)) * 1200  # 300 KiB
     big = frame(DATA, END_STREAM, 1, payload)
@@ -241,7 +251,7 @@ def _received(connection: Recorder, wire: Wire, size: int) -> list[Frame]:
 
 
 def test_a_streams_window_is_given_back_once_half_of_it_has_come() -> None:
-    connection, wire = connected()
+    connection, wire = connected(limits=BIG_FRAMES)
     connection.data_received(headers(1, request_head()))
     half = STREAM_WINDOW // 2
     assert _received(connection, wire, half - 1) == []
@@ -250,7 +260,7 @@ def test_a_streams_window_is_given_back_once_half_of_it_has_come() -> None:
 
 
 def test_a_held_stream_gets_its_window_when_its_reader_takes_it() -> None:
-    connection, wire = connected()
+    connection, wire = connected(limits=BIG_FRAMES)
     connection.data_received(headers(1, request_head()))
     connection.hold.add(1)
     half = STREAM_WINDOW // 2

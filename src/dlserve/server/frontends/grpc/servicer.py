@@ -41,6 +41,7 @@ from dlserve.server.transport.grpc.calls import Context, Guard, Method, Parts
 from dlserve.server.transport.grpc.listener import GrpcServer, TlsOptions
 from dlserve.server.transport.grpc.outbox import Outbox
 from dlserve.server.transport.grpc.status import Status
+from dlserve.server.transport.h2.limits import Limits
 from dlserve.types import InferRequest, Peer
 
 log = logging.getLogger("dlserve.grpc")
@@ -386,9 +387,14 @@ def _guard(restriction: Restriction) -> Guard:
 def create_grpc_server(
     service: InferenceService, host: str, port: int, uds_path: str | None = None,
     tls: TlsOptions | None = None, restrictions: Restrictions | None = None,
+    limits: Limits | None = None,
 ) -> GrpcServer:  # fmt: skip
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
-    replaced); ``restrictions``: groups of methods that only calls with a header may use."""
+    replaced); ``restrictions``: groups of methods that only calls with a header may use;
+    ``limits``: each HTTP/2 connection's."""
     methods = restrict(method_handlers(GrpcServicer(service)), restrictions or {})
-    return GrpcServer(methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of)
+    return GrpcServer(
+        methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of,
+        limits=limits or Limits(),
+    )  # fmt: skip

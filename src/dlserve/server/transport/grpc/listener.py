@@ -2,7 +2,8 @@
 (``rpc.py`` serves each connection).
 
 TCP may be TLS (``TlsOptions``: a certificate and key, and for mutual TLS the root
-clients' certificates chain to); the Unix socket, for local clients, is not. The caller
+clients' certificates chain to); the Unix socket, for local clients, is not. Each
+connection's HTTP/2 limits, keepalive and idle timeout are the ``Limits`` given. The caller
 gives what is its own: the method table, how a handler's failure becomes a gRPC status
 (``status_of``), and whether tracing wants a call's arrival time (``timing``). A listener
 that cannot start raises ``ListenError``.
@@ -31,6 +32,7 @@ from dlserve.server.transport.grpc.calls import Method
 from dlserve.server.transport.grpc.refusal import GrpcRefusal
 from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import StatusOf, status_of
+from dlserve.server.transport.h2.limits import Limits
 from dlserve.server.transport.listen_error import ListenError
 from dlserve.server.transport.timing import NEVER, Timing
 
@@ -68,6 +70,7 @@ class GrpcServer:
     def __init__(
         self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
         tls: TlsOptions | None = None, timing: Timing = NEVER, status_of: StatusOf = status_of,
+        limits: Limits = Limits(),  # noqa: B008 (frozen)
     ) -> None:  # fmt: skip
         self.methods = methods  # by path: "/inference.GRPCInferenceService/ModelInfer"
         self.timing = timing  # tracing on: calls note when they opened
@@ -76,6 +79,7 @@ class GrpcServer:
         self.port = port
         self.uds_path = uds_path
         self.tls = tls
+        self.limits = limits  # what each HTTP/2 connection allows its client
         self.connections: set[GrpcConnection] = set()
         self.calls = 0  # in flight
         self.stopping = False

@@ -73,7 +73,7 @@ class GrpcConnection(Connection):
     """One client connection of a :class:`GrpcServer`; its streams are calls."""
 
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__()
+        super().__init__(server.limits)
         self.server = server
         self.calls: dict[int, Call] = {}
         self._peer = ""
@@ -123,6 +123,9 @@ class GrpcConnection(Connection):
             call.task = self._loop.create_task(self._run_streaming(call))
         if end_stream:
             self.stream_data(stream_id, b"", True)
+
+    def headers_too_large(self, stream_id: int, end_stream: bool) -> None:
+        self._refuse(stream_id, RESOURCE_EXHAUSTED, "header list too large", end_stream)
 
     def _refuse(self, stream_id: int, code: int, message: str, end_stream: bool) -> None:
         self.send(stream_id, b"", (), self._trailers_only(code, message))
@@ -303,6 +306,7 @@ class GrpcConnection(Connection):
         self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _cancel(self, call: Call) -> None:
+        call.inbox.clear()  # what the client sent and the handler never took: gone now
         if call.deadline is not None:
             call.deadline.cancel()
         if call.task is not None and not call.task.done():

@@ -4,7 +4,14 @@ encoder that needs none. Pure: bytes in, header lists out.
 The ``hpack`` package's Decoder takes each of a gRPC call's eight or so headers through
 several Python objects; this one decodes a block in one pass, and a block it has decoded
 before, with the table unchanged since, in one lookup (a gRPC client sends the same
-indexed block call after call). Huffman-coded strings are decoded by ``hpack``'s table.
+indexed block call after call). Huffman-coded strings are decoded by ``hpack``'s table
+and checked by encoding them again (its decoder lets padding of zeros through; RFC 7541
+5.2 wants the EOS prefix, all ones).
+
+A decoder is given the connection's SETTINGS_MAX_HEADER_LIST_SIZE: past it, a block's
+fields are no longer kept (the block is still read to its end, so that the dynamic table
+stays in step) and ``HeaderListTooLarge`` is raised at its end. The connection bounds a
+block's length, so reading it is bounded work.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
@@ -21,10 +30,15 @@ Headers = list[tuple[str, str]]
 _STATIC: Final = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in HeaderTable.STATIC_TABLE]
 _ENTRY_OVERHEAD: Final = 32  # RFC 7541 4.1
 _CACHE_LIMIT: Final = 64
+_HUFFMAN: Final = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
 
 
 class HpackError(Exception):
     """A header block that cannot be decoded: a COMPRESSION_ERROR of the connection."""
+
+
+class HeaderListTooLarge(Exception):
+    """A block decoded in full whose header list is larger than the decoder's limit."""
 
 
 def _integer(block: bytes, pos: int, prefix_bits: int) -> tuple[int, int]:
@@ -54,18 +68,23 @@ def _string(block: bytes, pos: int) -> tuple[str, int]:
     if end > len(block):
         raise HpackError("truncated string")
     raw = block[pos:end]
+    if not huffman:
+        return raw.decode("latin-1"), end
     try:
-        text = (decode_huffman(raw) if huffman else raw).decode("latin-1")
+        decoded = decode_huffman(raw)
     except Exception as exc:  # hpack's own HPACKDecodingError
         raise HpackError(f"bad Huffman string: {exc}") from None
-    return text, end
+    if _HUFFMAN.encode(decoded) != raw:  # padding not the EOS prefix, or too long
+        raise HpackError("bad Huffman padding")
+    return decoded.decode("latin-1"), end
 
 
 class Decoder:
     """One connection's decoder: its dynamic table lives as long as the connection."""
 
-    def __init__(self, max_table_size: int = 4096) -> None:
+    def __init__(self, max_table_size: int = 4096, max_list_size: int = 2**31) -> None:
         self._limit = max_table_size  # what our SETTINGS allow the client
+        self._max_list = max_list_size  # SETTINGS_MAX_HEADER_LIST_SIZE
         self._max_size = max_table_size  # what the client chose, up to that
         self._entries: deque[tuple[str, str]] = deque()  # newest first
         self._size = 0
@@ -79,14 +98,22 @@ class Decoder:
         out: Headers = []
         pos, end = 0, len(block)
         indexed_only = True
+        room = self._max_list  # what the list may still take (RFC 9113 6.5.2 sizes)
+        updates = 0  # table size updates: at most two, before the first field
         while pos < end:
             byte = block[pos]
             if byte & 0x80:  # indexed field
                 index, pos = _integer(block, pos, 7)
-                out.append(self._get(index))
+                field = self._get(index)
+                room -= len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
+                if room >= 0:
+                    out.append(field)
                 continue
             indexed_only = False
             if byte & 0xE0 == 0x20:  # dynamic table size update
+                updates += 1
+                if out or room != self._max_list or updates > 2:
+                    raise HpackError("table size update not at the start of the block")
                 size, pos = _integer(block, pos, 5)
                 if size > self._limit:
                     raise HpackError("table size update above the limit")
@@ -100,9 +127,13 @@ class Decoder:
             else:
                 name, pos = _string(block, pos)
             value, pos = _string(block, pos)
-            out.append((name, value))
+            room -= len(name) + len(value) + _ENTRY_OVERHEAD
+            if room >= 0:
+                out.append((name, value))
             if incremental:
                 self._add(name, value)
+        if room < 0:
+            raise HeaderListTooLarge(f"header list larger than {self._max_list} bytes")
         if indexed_only:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()

@@ -8,7 +8,7 @@ reads: the connection tells it what the client's frames changed (windows, settin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 from dlserve.server.transport.h2.frames import (
@@ -32,15 +32,23 @@ class Output(Protocol):
 
     def close(self) -> None: ...
 
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
 
 class Sender:
     """What a connection sends, within the windows the client gives."""
 
-    __slots__ = ("blocked", "max_frame", "output", "streams", "window")
+    __slots__ = ("blocked", "ended", "max_frame", "output", "sent", "streams", "window")
 
-    def __init__(self, streams: dict[int, StreamState]) -> None:
+    def __init__(
+        self, streams: dict[int, StreamState], ended: Callable[[StreamState], None],
+    ) -> None:  # fmt: skip
         self.output: Output | None = None  # None before the connection is made and after
         self.streams = streams  # the connection's open streams: the same dict
+        self.ended = ended  # the connection's: a stream we ended is closed
+        self.sent = 0  # calls of send: keepalive and the ping policy see data going out
         self.window = 65535  # the connection's window for what we send
         self.max_frame = 16384  # the client's SETTINGS_MAX_FRAME_SIZE
         self.blocked: dict[int, StreamState] = {}  # streams waiting for window
@@ -59,6 +67,7 @@ class Sender:
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended or self.output is None:
             return
+        self.sent += 1
         data = [bytes_view(piece) for piece in data]
         size = sum(len(piece) for piece in data)
         if not stream.out and size <= min(self.window, stream.send_window, self.max_frame):
@@ -101,6 +110,7 @@ class Sender:
         self.blocked.pop(stream.stream_id, None)
         self.streams.pop(stream.stream_id, None)
         stream.wake()
+        self.ended(stream)
 
     def flush(self, stream: StreamState) -> None:
         """Send what of the stream's queue the windows allow now."""

@@ -1,0 +1,171 @@
+"""What one HTTP/2 connection allows its client (``h2/limits.py``), without a socket:
+windows enforced, concurrent streams, the budgets against floods of cheap frames (rapid
+reset, SETTINGS, PING, empty CONTINUATION), the work done per ``data_received`` before
+the loop gets its turn, keepalive PINGs, PING strikes and the idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from h2_wire import Frame, Wire, data, headers, opening, request_head
+from test_h2_connection import Recorder
+
+from dlserve.server.transport.h2.frames import (
+    ACK,
+    CONTINUATION,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    GOAWAY,
+    HEADERS,
+    NO_ERROR,
+    PING,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    STREAM_WINDOW,
+    frame,
+)
+from dlserve.server.transport.h2.limits import Limits
+
+
+def _connected(limits: Limits = Limits()) -> tuple[Recorder, Wire]:  # noqa: B008
+    connection, wire = Recorder(limits), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    connection.data_received(opening())
+    wire.take()
+    return connection, wire
+
+
+def _goaway(wire: Wire) -> tuple[int, bytes]:
+    [goaway] = [f for f in wire.frames if f.kind == GOAWAY]
+    assert wire.closed
+    return int.from_bytes(goaway.payload[4:8], "big"), goaway.payload[8:]
+
+
+def test_data_past_a_held_streams_window_ends_the_connection_and_is_not_kept() -> None:
+    connection, wire = _connected()
+    connection.data_received(headers(1, request_head()))
+    connection.hold.add(1)
+    piece = data(1, bytes(16384))
+    connection.data_received(piece * (STREAM_WINDOW // 16384) + data(1, b"x"))
+    assert _goaway(wire)[0] == FLOW_CONTROL_ERROR
+    taken = sum(len(e[2]) for e in connection.events if e[0] == "data")
+    assert taken == STREAM_WINDOW  # the byte past the window never reached the stream
+
+
+def test_streams_past_the_limit_are_refused() -> None:
+    connection, wire = _connected(Limits(max_concurrent_streams=2))
+    connection.data_received(b"".join(headers(s, request_head()) for s in (1, 3, 5)))
+    assert [e[1] for e in connection.events] == [1, 3]
+    assert wire.frames == [Frame(RST_STREAM, 0, 5, REFUSED_STREAM.to_bytes(4, "big"))]
+
+
+def test_a_header_list_past_its_limit_is_answered_by_the_subclass() -> None:
+    connection, wire = _connected(Limits(max_header_list_size=1024))
+    connection.data_received(headers(1, request_head(b"/t.S/Echo", (b"x-big", b"v" * 1000))))
+    assert connection.events == [("reset", 1)]  # never opened for the subclass
+    assert wire.frames == [Frame(RST_STREAM, 0, 1, REFUSED_STREAM.to_bytes(4, "big"))]
+
+
+def _flood(unit: Callable[[int], bytes], count: int, limits: Limits = Limits()) -> Wire:  # noqa: B008
+    connection, wire = _connected(limits)
+    connection.data_received(b"".join(unit(n) for n in range(count)))
+    return wire
+
+
+def test_a_rapid_reset_flood_gets_enhance_your_calm() -> None:
+    limits = Limits(max_resets_per_s=200)  # 40 at once: a fifth of a second's worth
+
+    def reset(n: int) -> bytes:
+        stream = 1 + 2 * n
+        return headers(stream, request_head()) + frame(RST_STREAM, 0, stream, bytes(4))
+
+    assert not _flood(reset, 40, limits).closed  # the budget's worth passes
+    assert _goaway(_flood(reset, 50, limits))[0] == ENHANCE_YOUR_CALM
+
+
+def test_settings_and_ping_floods_get_enhance_your_calm() -> None:
+    limits = Limits(max_control_frames_per_s=100, max_ping_strikes=0)
+    assert _goaway(_flood(lambda n: frame(SETTINGS, 0, 0), 200, limits))[0] == ENHANCE_YOUR_CALM
+    ping = frame(PING, 0, 0, bytes(8))
+    assert _goaway(_flood(lambda n: ping, 200, limits))[0] == ENHANCE_YOUR_CALM
+
+
+def test_a_stream_of_empty_continuations_gets_enhance_your_calm() -> None:
+    connection, wire = _connected(Limits(max_control_frames_per_s=100))
+    empty = frame(CONTINUATION, 0, 1, b"")
+    connection.data_received(frame(HEADERS, 0, 1, request_head()) + empty * 200)
+    assert _goaway(wire)[0] == ENHANCE_YOUR_CALM
+
+
+def test_pings_too_often_without_data_are_strikes_then_too_many_pings() -> None:
+    ping = frame(PING, 0, 0, bytes(8))
+    connection, wire = _connected()
+    connection.data_received(ping * 3)  # the first, then two strikes: allowed
+    assert not wire.closed
+    connection.data_received(ping)
+    assert _goaway(wire) == (ENHANCE_YOUR_CALM, b"too_many_pings")
+
+
+def test_data_sent_between_pings_forgives_the_strikes() -> None:
+    connection, wire = _connected()
+    connection.data_received(headers(1, request_head()))
+    for _ in range(10):
+        connection.data_received(frame(PING, 0, 0, bytes(8)))
+        connection.send(1, b"", [b"response"])
+    assert not wire.closed
+
+
+async def _until(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
+    """Let the loop run until ``condition`` holds (or fail at the deadline)."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "not in time"
+        await asyncio.sleep(0.001)
+
+
+def test_a_buffer_of_tiny_frames_is_handled_over_several_turns() -> None:
+    """1000 PINGs in one read: a bounded number per turn of the loop, reading paused
+    until the rest is done, every one answered in the end."""
+
+    async def scenario() -> None:
+        connection, wire = _connected(Limits(max_control_frames_per_s=0, max_ping_strikes=0))
+        connection.data_received(frame(PING, 0, 0, bytes(8)) * 1000)
+        first = len(wire.take())
+        assert 0 < first < 1000 and wire.paused
+        await _until(lambda: not wire.paused)
+        assert first + len(wire.take()) == 1000
+
+    asyncio.run(scenario())
+
+
+def test_keepalive_pings_and_closes_a_connection_that_does_not_answer() -> None:
+    async def scenario() -> None:
+        limits = Limits(keepalive_time_ms=10, keepalive_timeout_ms=50)
+        answering, wire = _connected(limits)
+        answering.data_received(headers(1, request_head()))
+        silent, silent_wire = _connected(limits)
+        silent.data_received(headers(1, request_head()))
+        await _until(lambda: any(f.kind == PING for f in wire.frames))
+        ping = next(f for f in wire.frames if f.kind == PING)
+        answering.data_received(frame(PING, ACK, 0, ping.payload))
+        await _until(lambda: silent_wire.closed)
+        assert _goaway(silent_wire)[0] == NO_ERROR
+        assert not wire.closed
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_connection_is_closed_and_a_busy_one_is_not() -> None:
+    async def scenario() -> None:
+        limits = Limits(max_connection_idle_ms=20)
+        _, idle_wire = _connected(limits)
+        busy, busy_wire = _connected(limits)
+        busy.data_received(headers(1, request_head()))
+        await _until(lambda: idle_wire.closed)
+        assert _goaway(idle_wire) == (NO_ERROR, b"max_idle")
+        assert not busy_wire.closed
+
+    asyncio.run(scenario())
