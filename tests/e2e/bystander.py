@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 HEALTH_BOUND_S = 0.100
 P99_FACTOR = 2.0
 MODEL = "identity_fp32"  # in the bundled examples and the repositories tests build from them
@@ -55,14 +57,30 @@ class Seen:
     errors: list[str] = field(default_factory=list)
 
     def check(self, alone: Seen) -> None:
+        """Both bounds: health within 100 ms, inference p99 within 2x alone."""
+        self.check_health()
+        self.check_p99(alone)
+
+    def check_health(self) -> None:
         assert not self.errors, self.errors
         assert self.http_health and self.grpc_health and self.infer, "nothing was measured"
         worst = max(self.http_health), max(self.grpc_health)
         assert max(worst) <= HEALTH_BOUND_S, f"health answered in {worst} s (HTTP, gRPC)"
+
+    def check_p99(self, alone: Seen) -> None:
         ours, theirs = p99(self.infer), p99(alone.infer)
         assert ours <= P99_FACTOR * theirs, (
             f"inference p99 {ours * 1e3:.2f} ms against {theirs * 1e3:.2f} ms alone"
         )
+
+    def p99_or_known_gap(self, alone: Seen, gap: str) -> None:
+        """The p99 bound where an attack is known not to meet it yet: the test is reported
+        as an expected failure with the numbers and ``gap`` (why), after its other checks
+        passed; a run that meets the bound passes."""
+        try:
+            self.check_p99(alone)
+        except AssertionError as exc:
+            pytest.xfail(f"{exc}: {gap}")
 
 
 class Bystander:
