@@ -306,7 +306,7 @@ def _http2_options(group: Any) -> None:
     defaults = Limits()
     for flag, field_name, unit, text in _HTTP2_OPTIONS:
         default = getattr(defaults, field_name)
-        kind = _flag if isinstance(default, bool) else _count(flag)
+        kind = _flag if isinstance(default, bool) else _ranged(flag)
         group.add_argument(
             flag, dest=f"h2_{field_name}", type=kind, default=default, metavar=unit,
             help=f"{text} (default {default})",
@@ -341,7 +341,7 @@ _HTTP2_OPTIONS: Final = (
 )  # fmt: skip
 
 
-def _count(flag: str) -> Any:
+def _ranged(flag: str) -> Any:
     def parse(text: str) -> int:
         value = int(text)
         low, high = _HTTP2_RANGES.get(flag, (0, 2**31 - 1))

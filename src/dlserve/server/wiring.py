@@ -27,8 +27,8 @@ from dlserve.server.frontends.http.app import create_http_app
 from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
 from dlserve.server.transport.grpc.listener import TlsOptions
-from dlserve.server.transport.http1.limits import Http1Limits
 from dlserve.server.transport.h2.limits import Limits
+from dlserve.server.transport.http1.limits import Http1Limits
 from dlserve.server.transport.http1.listener import HttpServer
 from dlserve.server.transport.listen_error import ListenError
 from dlserve.tensors import heap
