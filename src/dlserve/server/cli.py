@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for warning in warnings:  # Triton's tuning options: accepted, said to change nothing
         print(warning, file=sys.stderr)
+    from dlserve.server.transport.grpc.limits import GrpcLimits
     from dlserve.server.wiring import ServerOptions, run
 
     options = ServerOptions(
@@ -166,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         cache=cache,
         grpc_restrictions=grpc_restrictions,
         http_restrictions=http_restrictions,
+        grpc_limits=GrpcLimits(
+            args.grpc_max_message_size,
+            args.grpc_max_decompressed_size,
+            args.grpc_connection_send_budget,
+            args.grpc_send_timeout,
+        ),
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

@@ -56,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     _tuning_options(serve.add_argument_group("shared memory, latency, GPUs"))
     _tls_options(serve.add_argument_group("gRPC over TLS (Triton's options)"))
     _access_options(serve.add_argument_group("endpoint access (Triton's options)"))
+    _grpc_limit_options(serve.add_argument_group("gRPC limits (docs/network-edge.md)"))
     triton_options.add_options(serve)  # hidden: answered in main(), see triton_options
     return parser
 
@@ -251,4 +252,37 @@ def _access_options(group: Any) -> None:
         metavar="GROUPS:KEY=VALUE",
         help="only requests with the header 'KEY: VALUE' may use these groups of "
         f"routes (repeatable; a group in one option only). Groups: {groups}",
+    )  # fmt: skip
+
+
+# -- gRPC limits: what one peer may make the server hold (transport/grpc/limits.py) -------
+def _byte_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _grpc_limit_options(group: Any) -> None:
+    from dlserve.server.transport.grpc import limits
+
+    group.add_argument(
+        "--grpc-max-message-size", type=_byte_count, default=limits.MAX_MESSAGE,
+        metavar="BYTES", help="largest gRPC request message accepted as received; larger "
+        f"is RESOURCE_EXHAUSTED (default {limits.MAX_MESSAGE}, Triton's)",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-max-decompressed-size", type=_byte_count, default=limits.MAX_INFLATED,
+        metavar="BYTES", help="largest a gzip or deflate request message may inflate to; "
+        f"larger is RESOURCE_EXHAUSTED (default {limits.MAX_INFLATED})",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-connection-send-budget", type=_byte_count, default=limits.SEND_BUDGET,
+        metavar="BYTES", help="responses one connection may leave unsent before its further "
+        f"calls wait (default {limits.SEND_BUDGET})",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-send-timeout", type=_seconds, default=limits.SEND_TIMEOUT_S,
+        metavar="SECONDS", help="a connection past its send budget with nothing sent for "
+        f"this long is closed and its calls cancelled (default {limits.SEND_TIMEOUT_S:g})",
     )  # fmt: skip

@@ -26,6 +26,7 @@ from dlserve.server.frontends.grpc.servicer import create_grpc_server
 from dlserve.server.frontends.http.app import create_http_app
 from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
+from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.listener import TlsOptions
 from dlserve.server.transport.http1.listener import HttpServer
 from dlserve.server.transport.listen_error import ListenError
@@ -79,6 +80,7 @@ class ServerOptions:
     trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config
     cache: CacheSettings | None = None  # --cache-config: the response cache
     grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
+    grpc_limits: GrpcLimits = DEFAULT_LIMITS  # --grpc-max-message-size and the rest of its group
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
 
 
@@ -154,7 +156,7 @@ class Server:
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
-                self.options.grpc_tls, self.options.grpc_restrictions,
+                self.options.grpc_tls, self.options.grpc_restrictions, self.options.grpc_limits,
             )  # fmt: skip
             self.ports["grpc_port"] = await self._grpc.start()
         if self._http is not None:

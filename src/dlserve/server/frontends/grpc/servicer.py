@@ -38,6 +38,7 @@ from dlserve.server.frontends.restrictions import (
     group_of,
 )
 from dlserve.server.transport.grpc.calls import Context, Guard, Method, Parts
+from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.listener import GrpcServer, TlsOptions
 from dlserve.server.transport.grpc.outbox import Outbox
 from dlserve.server.transport.grpc.status import Status
@@ -386,9 +387,14 @@ def _guard(restriction: Restriction) -> Guard:
 def create_grpc_server(
     service: InferenceService, host: str, port: int, uds_path: str | None = None,
     tls: TlsOptions | None = None, restrictions: Restrictions | None = None,
+    limits: GrpcLimits = DEFAULT_LIMITS,
 ) -> GrpcServer:  # fmt: skip
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
-    replaced); ``restrictions``: groups of methods that only calls with a header may use."""
+    replaced); ``restrictions``: groups of methods that only calls with a header may use;
+    ``limits``: what one peer may make the server hold."""
     methods = restrict(method_handlers(GrpcServicer(service)), restrictions or {})
-    return GrpcServer(methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of)
+    return GrpcServer(
+        methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of,
+        limits=limits,
+    )  # fmt: skip

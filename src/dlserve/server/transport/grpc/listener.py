@@ -4,7 +4,8 @@
 TCP may be TLS (``TlsOptions``: a certificate and key, and for mutual TLS the root
 clients' certificates chain to); the Unix socket, for local clients, is not. The caller
 gives what is its own: the method table, how a handler's failure becomes a gRPC status
-(``status_of``), and whether tracing wants a call's arrival time (``timing``). A listener
+(``status_of``), whether tracing wants a call's arrival time (``timing``), and the
+``limits`` on what one peer may make it hold (``limits.py``). A listener
 that cannot start raises ``ListenError``.
 
 ``stop`` is a graceful shutdown as gRPC servers do it: GOAWAY to every client (no new
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlserve.server.transport.grpc.calls import Method
+from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import StatusOf, status_of
 from dlserve.server.transport.listen_error import ListenError
@@ -60,8 +62,10 @@ class GrpcServer:
     def __init__(
         self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
         tls: TlsOptions | None = None, timing: Timing = NEVER, status_of: StatusOf = status_of,
+        limits: GrpcLimits = DEFAULT_LIMITS,
     ) -> None:  # fmt: skip
         self.methods = methods  # by path: "/inference.GRPCInferenceService/ModelInfer"
+        self.limits = limits  # what one peer may make the server hold (limits.py)
         self.timing = timing  # tracing on: calls note when they opened
         self.status_of = status_of  # how a handler's failure ends its call
         self.host = host
