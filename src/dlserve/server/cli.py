@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             args.grpc_connection_send_budget,
             args.grpc_send_timeout,
         ),
+        grpc_infer_max_fields=args.grpc_infer_max_fields,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

@@ -277,6 +277,11 @@ def _grpc_limit_options(group: Any) -> None:
         f"larger is RESOURCE_EXHAUSTED (default {limits.MAX_INFLATED})",
     )  # fmt: skip
     group.add_argument(
+        "--grpc-infer-max-fields", type=_byte_count, default=4096, metavar="COUNT",
+        help="most top-level fields a ModelInferRequest may have (its inputs, outputs, raw "
+        "contents and parameters together); more is INVALID_ARGUMENT (default 4096)",
+    )  # fmt: skip
+    group.add_argument(
         "--grpc-connection-send-budget", type=_byte_count, default=limits.SEND_BUDGET,
         metavar="BYTES", help="responses one connection may leave unsent before its further "
         f"calls wait (default {limits.SEND_BUDGET})",

@@ -22,6 +22,7 @@ from dlserve.server.core.models.repository import Repository
 from dlserve.server.core.service import InferenceService, ServiceOptions
 from dlserve.server.core.shm.owners import OwnerOptions
 from dlserve.server.core.shm.registry import AllowClientShm
+from dlserve.server.frontends.grpc.convert import MAX_FIELDS
 from dlserve.server.frontends.grpc.servicer import create_grpc_server
 from dlserve.server.frontends.http.app import create_http_app
 from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
@@ -81,6 +82,7 @@ class ServerOptions:
     cache: CacheSettings | None = None  # --cache-config: the response cache
     grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
     grpc_limits: GrpcLimits = DEFAULT_LIMITS  # --grpc-max-message-size and the rest of its group
+    grpc_infer_max_fields: int = MAX_FIELDS  # of a ModelInferRequest
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
 
 
@@ -157,6 +159,7 @@ class Server:
             self._grpc = create_grpc_server(
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
                 self.options.grpc_tls, self.options.grpc_restrictions, self.options.grpc_limits,
+                self.options.grpc_infer_max_fields,
             )  # fmt: skip
             self.ports["grpc_port"] = await self._grpc.start()
         if self._http is not None:

@@ -87,8 +87,9 @@ class StreamEnd:
 class GrpcServicer:
     """One method per RPC; each is registered by :func:`method_handlers`."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, max_fields: int = convert.MAX_FIELDS) -> None:
         self._service = service
+        self._max_fields = max_fields  # of a ModelInferRequest (--grpc-infer-max-fields)
 
     # -- health and metadata ------------------------------------------------------------
     async def server_live(self, request: Any, context: Any) -> Any:
@@ -118,7 +119,7 @@ class GrpcServicer:
 
     # -- inference ----------------------------------------------------------------------
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
-        parsed = convert.parse_infer_request(request)
+        parsed = convert.parse_infer_request(request, self._max_fields)
         parsed.peer = shm.peer_of(context.peer())
         trace = self._trace(parsed, context) if context.opened_ns else None
         try:
@@ -200,7 +201,7 @@ class GrpcServicer:
         trace: Trace | None = None
         out = end.out
         try:
-            request = convert.parse_infer_request(data)
+            request = convert.parse_infer_request(data, self._max_fields)
             request.peer = peer
             if waited:
                 trace = self._stream_trace(request, waited)
@@ -387,13 +388,14 @@ def _guard(restriction: Restriction) -> Guard:
 def create_grpc_server(
     service: InferenceService, host: str, port: int, uds_path: str | None = None,
     tls: TlsOptions | None = None, restrictions: Restrictions | None = None,
-    limits: GrpcLimits = DEFAULT_LIMITS,
+    limits: GrpcLimits = DEFAULT_LIMITS, max_fields: int = convert.MAX_FIELDS,
 ) -> GrpcServer:  # fmt: skip
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
     replaced); ``restrictions``: groups of methods that only calls with a header may use;
-    ``limits``: what one peer may make the server hold."""
-    methods = restrict(method_handlers(GrpcServicer(service)), restrictions or {})
+    ``limits``: what one peer may make the server hold; ``max_fields``: of a
+    ModelInferRequest."""
+    methods = restrict(method_handlers(GrpcServicer(service, max_fields)), restrictions or {})
     return GrpcServer(
         methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of,
         limits=limits,
