@@ -514,3 +514,101 @@ def test_a_handler_sees_the_calls_own_metadata() -> None:
     context = Context("ipv4:127.0.0.1:5000", headers, 42)
     assert context.invocation_metadata() == (("x-a", "1"), ("blob-bin", b"\x00\xff"))
     assert (context.peer(), context.peer_pid()) == ("ipv4:127.0.0.1:5000", 42)
+
+
+# -- what a connection holds unsent: its send budget ---------------------------------------------
+class Large:
+    """A handler whose response is ``size`` bytes; the calls it has begun."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.begun: list[int] = []
+        self.more = asyncio.Event()
+
+    async def __call__(self, request: memoryview, context: Context) -> bytes:
+        self.begun.append(len(self.begun))
+        self.more.set()
+        return b"x" * self.size
+
+
+async def settled() -> None:
+    """Let every task that can run, run (the scenario's deadline bounds it)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_past_its_send_budget_a_connections_further_calls_wait_until_it_reads() -> None:
+    """A client that gives no window: its responses wait in the server; past the budget
+    its next call does not run until the client takes what waits."""
+
+    async def scenario() -> None:
+        large = Large(60)
+        limits = GrpcLimits(send_budget=100, send_timeout=60)
+        server = GrpcServer({"/t.S/Echo": Method(large)}, "127.0.0.1", 0, limits=limits)
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening(window=0))
+        for stream in (1, 3, 5):
+            call(connection, stream, message(b""))
+        await settled()
+        assert large.begun == [0, 1]  # 65 bytes held: the second runs; 130: the third waits
+        assert connection.budget.held() == 130
+        for stream in (1, 3):
+            update = frame(WINDOW_UPDATE, 0, stream, (65).to_bytes(4, "big"))
+            connection.data_received(update)
+        await settled()
+        assert large.begun == [0, 1, 2]
+        assert messages_of(wire.of(1)) == [b"x" * 60]
+
+    run(scenario)
+
+
+def test_a_connection_that_stays_past_its_budget_is_closed_after_the_send_timeout() -> None:
+    async def scenario() -> None:
+        large, held = Large(60), Held()
+        limits = GrpcLimits(send_budget=100, send_timeout=0.05)
+        methods = {"/t.S/Echo": Method(large), "/t.S/Hold": Method(held)}
+        server = GrpcServer(methods, "127.0.0.1", 0, limits=limits)
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening(window=0))
+        for stream in (1, 3):
+            call(connection, stream, message(b""))
+        call(connection, 5, message(b""), path=b"/t.S/Hold")  # waits for room
+        while not wire.closed:
+            await asyncio.sleep(0.01)
+        assert not held.entered.is_set()
+        connection.connection_lost(None)  # what asyncio does once the socket is dropped
+        await settled()
+        assert server.calls == 0 and not connection.calls
+        assert connection.budget.held() == 0
+
+    run(scenario)
+
+
+def test_a_stream_takes_its_next_message_only_while_its_connection_is_within_budget() -> None:
+    async def scenario() -> None:
+        seen: list[int] = []
+
+        async def answer(
+            requests: AsyncIterator[memoryview], context: Context
+        ) -> AsyncIterator[bytes]:
+            async for request in requests:
+                seen.append(len(request))
+                yield b"x" * 200
+
+        limits = GrpcLimits(send_budget=100, send_timeout=60)
+        server = GrpcServer({"/t.S/Chat": Method(answer, streaming=True)}, "127.0.0.1", 0,
+                            limits=limits)  # fmt: skip
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening(window=0))
+        connection.data_received(headers(1, request_head(b"/t.S/Chat")))
+        connection.data_received(data(1, message(b"a") + message(b"bb") + message(b"ccc")))
+        await settled()
+        assert seen == [1]  # 205 bytes wait for window: the next message waits too
+        connection.data_received(frame(WINDOW_UPDATE, 0, 1, (205).to_bytes(4, "big")))
+        await settled()
+        assert seen == [1, 2]
+
+    run(scenario)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from dlserve.server.transport.grpc.budget import SendBudget
 from dlserve.server.transport.grpc.calls import (
     END,
     Call,
@@ -87,6 +88,7 @@ class GrpcConnection(Connection):
         self._peer_pid: int | None = None
         self._status_of = server.status_of
         self._max_message = server.limits.max_message
+        self.budget = SendBudget(server.limits, self.streams, self._buffered, self._stuck)
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -98,11 +100,35 @@ class GrpcConnection(Connection):
             self.go_away()
 
     def closed(self) -> None:
+        self.budget.close()
         self.server.connections.discard(self)
         for call in list(self.calls.values()):
             self._cancel(call)
         self.calls.clear()
         self.server.check_drained()
+
+    # -- what the connection holds unsent (budget.py) ----------------------------------
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.budget.moved()  # a window may have grown, a stream been reset
+
+    def pause_writing(self) -> None:
+        self.budget.paused = True
+
+    def resume_writing(self) -> None:
+        self.budget.paused = False
+        self.budget.moved()
+
+    def _buffered(self) -> int:
+        size = getattr(self.transport, "get_write_buffer_size", None)
+        return int(size()) if size is not None else 0
+
+    def _stuck(self) -> None:
+        """Past its budget for the send timeout: dropped, unsent bytes and all (a close
+        would wait for them to be written)."""
+        transport = self.transport
+        if transport is not None:
+            getattr(transport, "abort", transport.close)()
 
     # -- a call begins ------------------------------------------------------------------
     def stream_opened(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
@@ -234,6 +260,8 @@ class GrpcConnection(Connection):
                 self.give_back(call.stream_id)
             if type(item) is Compressed:
                 item = await self._inflated(call, item)
+            if self.budget.stream_waits():
+                await self.budget.wait(unary=False)
             yield deserialize(item) if deserialize is not None else item
 
     async def _inflated(self, call: Call, item: Compressed) -> memoryview:
@@ -254,6 +282,14 @@ class GrpcConnection(Connection):
         if request is None:
             self._finish(call, UNIMPLEMENTED, ONE_MESSAGE)
             return
+        budget = self.budget
+        if not budget.admits():
+            try:
+                await budget.wait(unary=True)
+            except asyncio.CancelledError:
+                self._finish(call, CANCELLED, "Cancelled")
+                raise
+        budget.running += 1
         try:
             if isinstance(request, Compressed):
                 request = await self._inflated(call, request)
@@ -279,6 +315,9 @@ class GrpcConnection(Connection):
             self._respond(call, payload, _OK_TRAILERS)
             trace.stamp("GRPC_SEND_END", time.monotonic_ns())
             trace.release()
+        finally:
+            budget.running -= 1
+            budget.moved()
 
     @staticmethod
     def _release_trace(context: Context) -> None:
@@ -314,6 +353,7 @@ class GrpcConnection(Connection):
         else:
             pieces, size = [payload], len(payload)
         self.send(call.stream_id, head, [b"\x00" + size.to_bytes(4, "big"), *pieces], trailers)
+        self.budget.sent(call.stream_id, size)
         if trailers is not None:
             self._done(call)
 
