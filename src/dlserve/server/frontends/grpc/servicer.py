@@ -183,6 +183,8 @@ class GrpcServicer:
         try:
             async for data in requests:
                 await window.acquire()
+                if end.out.crowded(len(tasks)):  # large responses: fewer at once
+                    await end.out.admit(tasks.__len__)
                 one = self._stream_one(data, peer, end, window, waited)
                 task = asyncio.create_task(one)
                 tasks.add(task)
@@ -230,6 +232,7 @@ class GrpcServicer:
             out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
         finally:
             window.release()
+            out.finished()
             if trace is not None:
                 trace.release()
 

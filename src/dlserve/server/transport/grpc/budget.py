@@ -9,7 +9,7 @@ every output; instead:
 
 - a unary call runs only while the connection holds no more than its budget, counting
   each call already running at the size of the connection's largest recent response (a
-  budget's eighth until it has had one): past it, further calls wait before they run;
+  half the budget until it has had one): past it, further calls wait before they run;
 - a streaming call is handed its next message only while the connection holds no more
   than its budget (its running requests are bounded by the frontend's own window);
 - a connection that stays past its budget with nothing leaving for ``send_timeout`` is
@@ -30,7 +30,7 @@ from dlserve.server.transport.h2.frames import StreamState
 
 log = logging.getLogger("dlserve.grpc")
 
-_FIRST_GUESS = 8  # until a response is seen, a call counts as this fraction of the budget
+_FIRST_GUESS = 2  # until a response is seen, a call counts as this fraction of the budget
 
 
 class SendBudget:
