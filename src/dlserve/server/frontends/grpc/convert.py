@@ -95,9 +95,11 @@ def split_infer_request(
     view = memoryview(data)
     raws: list[memoryview] = []
     kept: list[memoryview] = []
-    kept_from = pos = fields = 0
+    kept_from = pos = 0
     end = len(data)
-    while pos < end:
+    for _ in range(max_fields):
+        if pos >= end:
+            break
         field_start = pos
         key = data[pos]
         if key not in _KEYS:
@@ -110,13 +112,13 @@ def split_infer_request(
             pos = value_start + length
         if pos > end:
             raise InvalidArgumentError(f"{_MALFORMED}: field runs past the end of the message")
-        fields += 1
         if key == _RAW_INPUT_KEY:
             if kept_from < field_start:
                 kept.append(view[kept_from:field_start])
             raws.append(view[value_start:pos])
             kept_from = pos
-        if fields > max_fields:
+    else:
+        if pos < end:
             raise InvalidArgumentError(
                 f"{_MALFORMED}: more than {max_fields} fields (--grpc-infer-max-fields)"
             )

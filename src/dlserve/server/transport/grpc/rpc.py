@@ -362,14 +362,19 @@ class GrpcConnection(Connection):
         if self.calls.get(call.stream_id) is not call:
             return
         block = trailers(code, message) if call.started else self._trailers_only(code, message)
+        task = call.task
         self.send(call.stream_id, b"", (), block)
         self._done(call)
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        if task is not None and not task.done():
+            task.cancel()
 
     def _done(self, call: Call) -> None:
         if self.calls.pop(call.stream_id, None) is None:
             return
+        # a task that ends by an exception keeps it, its traceback, the traceback's frames,
+        # and so the call: the call must not keep the task, or the cycle (and the messages
+        # its frames hold) waits for the garbage collector
+        call.task = None
         if call.deadline is not None:
             call.deadline.cancel()
         if not call.remote_ended:
@@ -383,8 +388,9 @@ class GrpcConnection(Connection):
     def _cancel(self, call: Call) -> None:
         if call.deadline is not None:
             call.deadline.cancel()
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        task, call.task = call.task, None  # no cycle through the task's exception (_done)
+        if task is not None and not task.done():
+            task.cancel()
         if self.calls.pop(call.stream_id, None) is not None:
             self.server.calls -= 1
 
