@@ -332,3 +332,26 @@ def test_what_a_stream_held_is_released_when_its_client_goes(server: RunningServ
     for _ in range(5):
         one()
     assert _settles_near(server, baseline) <= baseline * 1.1
+
+
+# -- the options ---------------------------------------------------------------------------------
+def test_the_message_size_and_field_count_options(repository: Path) -> None:
+    """--grpc-max-message-size and --grpc-infer-max-fields, as tritonclient sees them."""
+    options = ("--grpc-max-message-size", "1000", "--grpc-infer-max-fields", "8")
+    with run_server(repository, *options) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        tensor = grpcclient.InferInput("INPUT0", [1, 300], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 300), np.float32))
+        with pytest.raises(grpcclient.InferenceServerException) as info:
+            client.infer("identity_fp32", [tensor])
+        assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "Received message larger than max (" in info.value.message()
+        assert info.value.message().endswith(" vs. 1000)")
+        outputs = [grpcclient.InferRequestedOutput(f"O{i}") for i in range(8)]
+        small = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        small.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        with pytest.raises(grpcclient.InferenceServerException) as info:
+            client.infer("identity_fp32", [small], outputs=outputs)  # 10 fields
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "more than 8 fields (--grpc-infer-max-fields)" in info.value.message()
+        assert client.infer("identity_fp32", [small]).as_numpy("OUTPUT0") is not None
