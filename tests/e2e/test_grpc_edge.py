@@ -31,6 +31,7 @@ from grpc_raw import INFER, STREAM_INFER, RawGrpc, message
 from tritonclient.grpc import service_pb2 as pb
 
 from conftest import EXAMPLES, RunningServer, repository_of, run_server
+from dlserve.server.transport.grpc.budget import FIRST_CALLS
 
 TEST_MODELS = Path(__file__).parents[1] / "models"
 MAX_INFLATED = 16 << 20
@@ -288,12 +289,12 @@ def _never_read(server: RunningServer, streaming: bool) -> bool:
 def test_a_reader_that_never_reads_holds_its_budget_then_is_dropped(
     slow_server: RunningServer, streaming: bool
 ) -> None:
-    """The server holds about its send budget, not 400 MiB (unary: the budget and one
-    response; streaming: the budget, and each stream's own window of three responses for
-    the streams that began before the budget was passed); after the send timeout the
-    connection is dropped and the memory is back within 10%; other clients are served
-    meanwhile. Measured the second time: the first makes the buffers such a reader uses
-    (the worker's output arena, the server's copies)."""
+    """The server holds about its send budget, not 400 MiB: the larger of the budget and
+    the 16 calls a connection may run before its first response (a stream's requests
+    count as its connection's calls), and a response or two on their way; after the send
+    timeout the connection is dropped and the memory is back within 10%; other clients
+    are served meanwhile. Measured the second time: the first makes the buffers such a
+    reader uses (the worker's output arena, the server's copies)."""
     server = slow_server
     assert _never_read(server, streaming)
     with Bystander(server.http_url, server.grpc_url) as bystander:
@@ -302,7 +303,7 @@ def test_a_reader_that_never_reads_holds_its_budget_then_is_dropped(
         with bystander.watching() as seen, Peak(server) as peak:
             assert _never_read(server, streaming)
         seen.check(alone)
-    bound = SEND_BUDGET + (STREAMS * 3 if streaming else 1) * OUTPUT + SLACK
+    bound = max(SEND_BUDGET, FIRST_CALLS * OUTPUT) + 2 * OUTPUT + SLACK
     assert peak.peak - baseline <= bound, (peak.peak - baseline) >> 20
     assert _settles_near(server, baseline) <= baseline * 1.1
 

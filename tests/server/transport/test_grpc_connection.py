@@ -563,7 +563,9 @@ def test_past_its_send_budget_a_connections_further_calls_wait_until_it_reads() 
     run(scenario)
 
 
-def test_a_connection_that_stays_past_its_budget_is_closed_after_the_send_timeout() -> None:
+def test_a_connection_whose_responses_wait_with_nothing_moving_is_closed_after_the_timeout() -> (
+    None
+):
     async def scenario() -> None:
         large, held = Large(60), Held()
         limits = GrpcLimits(send_budget=100, send_timeout=0.05)

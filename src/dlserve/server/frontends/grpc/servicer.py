@@ -157,9 +157,7 @@ class GrpcServicer:
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
         end = StreamEnd(out, (GRPC_ERROR_HEADER, "true") in context.invocation_metadata())
-        reader = asyncio.create_task(
-            self._read_stream(requests, window, end, tasks, peer, context.opened_ns)
-        )
+        reader = asyncio.create_task(self._read_stream(requests, window, end, tasks, peer, context))
         try:
             while (response := await out.get()) is not None:
                 yield response
@@ -173,10 +171,13 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
-        end: StreamEnd, tasks: set[asyncio.Task[None]], peer: Peer, waited: int,
+        end: StreamEnd, tasks: set[asyncio.Task[None]], peer: Peer, context: Context,
     ) -> None:  # fmt: skip
-        """``waited``: while tracing is on, when the stream began waiting for its next
-        request (GRPC_WAITREAD_START of that request's trace)."""
+        """Each request starts as one of its connection's calls (``context.may_start``: the
+        connection's send budget) and once the outbox can take its response. ``waited``:
+        while tracing is on, when the stream began waiting for its next request
+        (GRPC_WAITREAD_START of that request's trace)."""
+        waited = context.opened_ns
         timing = self._service.trace
         if not waited and timing.active:  # turned on since the stream opened
             waited = time.monotonic_ns()
@@ -185,7 +186,10 @@ class GrpcServicer:
                 await window.acquire()
                 if end.out.crowded(len(tasks)):  # large responses: fewer at once
                     await end.out.admit(tasks.__len__)
-                one = self._stream_one(data, peer, end, window, waited)
+                if not context.may_start():
+                    await context.wait_to_start()
+                context.started()
+                one = self._stream_one(data, peer, end, window, waited, context)
                 task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -197,7 +201,7 @@ class GrpcServicer:
 
     async def _stream_one(
         self, data: memoryview, peer: Peer, end: StreamEnd, window: asyncio.Semaphore,
-        waited: int,
+        waited: int, context: Context,
     ) -> None:  # fmt: skip
         request: InferRequest | None = None
         trace: Trace | None = None
@@ -233,6 +237,7 @@ class GrpcServicer:
         finally:
             window.release()
             out.finished()
+            context.ended()
             if trace is not None:
                 trace.release()
 

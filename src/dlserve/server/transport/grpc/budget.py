@@ -9,11 +9,16 @@ every output; instead:
 
 - a unary call runs only while the connection holds no more than its budget, counting
   each call already running at the size of the connection's largest recent response (a
-  half the budget until it has had one): past it, further calls wait before they run;
+  sixteenth of the budget until it has had one, so 16 calls may run before the first
+  response): past it, further calls wait before they run;
 - a streaming call is handed its next message only while the connection holds no more
-  than its budget (its running requests are bounded by the frontend's own window);
-- a connection that stays past its budget with nothing leaving for ``send_timeout`` is
-  closed: its calls are cancelled and what it held is released.
+  than its budget; a handler that starts a piece of work per message (ModelStreamInfer's
+  requests) starts each as such a call, through its call's ``Context`` (``may_start``,
+  ``wait_to_start``, ``started``, ``ended``), so a connection's streams together run no
+  more than its budget allows;
+- a connection whose responses wait while nothing moves for ``send_timeout`` (no frame
+  from the client, the socket's buffer not drained, no call ended) is closed: its calls
+  are cancelled and what it held is released. Its budget bounds what it holds meanwhile.
 
 The common case costs a few comparisons per call: nothing is summed while no response
 waits and the socket takes what is written.
@@ -30,7 +35,9 @@ from dlserve.server.transport.h2.frames import StreamState
 
 log = logging.getLogger("dlserve.grpc")
 
-_FIRST_GUESS = 2  # until a response is seen, a call counts as this fraction of the budget
+# until a response is seen a call counts as this fraction of the budget: so many calls may
+# run before the first response (a batch's worth; Triton's clients expect a few at once)
+FIRST_CALLS = 16
 
 
 class SendBudget:
@@ -41,8 +48,8 @@ class SendBudget:
         "_budget",
         "_buffered",
         "_guess",
-        "_held_at",
         "_largest",
+        "_moved",
         "_room",
         "_stuck",
         "_timeout",
@@ -62,7 +69,7 @@ class SendBudget:
         self.streams = streams  # the connection's open streams (read, never changed)
         self._buffered = buffered  # bytes in the socket's write buffer
         self._stuck = stuck  # closes the connection
-        self._largest = max(1, limits.send_budget // _FIRST_GUESS)
+        self._largest = max(1, limits.send_budget // FIRST_CALLS)
         self._guess = True  # no response yet: _largest is a guess
         self._backlog: set[int] = set()  # streams whose responses wait for window
         self.paused = False  # the socket's buffer is past its high-water mark
@@ -70,7 +77,7 @@ class SendBudget:
         self._waiting = 0  # calls waiting for room
         self._room: asyncio.Event | None = None
         self._watchdog: asyncio.TimerHandle | None = None
-        self._held_at = 0  # what was held when the watchdog was last armed
+        self._moved = False  # something moved since the watchdog was armed
 
     # -- the calls' side ----------------------------------------------------------------
     def admits(self) -> bool:
@@ -84,13 +91,14 @@ class SendBudget:
             return False
         return not running or held + (running + 1) * self._largest <= self._budget
 
-    async def wait(self, unary: bool) -> None:
-        """Wait until a unary call may run (``unary``), or a stream may take its next
-        message (while what is held fits the budget)."""
+    async def wait(self, unary: bool = True) -> None:
+        """Wait until a call may run (``unary``: a unary call, or a stream's request that
+        its handler starts as one), or a stream may take its next message (while what is
+        held fits the budget)."""
         self._waiting += 1
         try:
             while not self._fits(self.held(), self.running if unary else None):
-                self._watch()
+                self.watch()
                 if self._room is None:
                     self._room = asyncio.Event()
                 self._room.clear()
@@ -112,7 +120,7 @@ class SendBudget:
         stream = self.streams.get(stream_id)
         if stream is not None and stream.queued:
             self._backlog.add(stream_id)
-            self._watch()
+            self.watch()
 
     # -- what moves it ----------------------------------------------------------------
     def held(self) -> int:
@@ -127,27 +135,28 @@ class SendBudget:
         return held
 
     def moved(self) -> None:
-        """Something may have left (a window grew, the socket drained, a call ended):
-        waiting calls look again."""
+        """Something moved (the client sent a frame: a window may have grown; the socket
+        drained; a call ended): waiting calls look again, and the connection is not stuck."""
+        self._moved = True
         if self._waiting and self._room is not None:
             self._room.set()
 
-    def _watch(self) -> None:
-        if self._watchdog is None:
-            self._held_at = self.held()
-            if self._held_at > self._budget:
-                loop = asyncio.get_running_loop()
-                self._watchdog = loop.call_later(self._timeout, self._check)
+    def watch(self) -> None:
+        """Responses wait: from now, a send timeout in which nothing moves closes it."""
+        if self._watchdog is None and self.held():
+            self._moved = False
+            loop = asyncio.get_running_loop()
+            self._watchdog = loop.call_later(self._timeout, self._check)
 
     def _check(self) -> None:
-        """The send timeout passed with the connection past its budget: still past it
-        with less than before gone out, it is closed."""
+        """The send timeout passed with responses waiting: if nothing moved meanwhile (no
+        frame from the client, the socket not drained, no call ended), it is closed."""
         self._watchdog = None
         held = self.held()
-        if held <= self._budget:
+        if not held:
             return
-        if held < self._held_at:  # it drains, slowly: look again later
-            self._watch()
+        if self._moved:  # it drains, however slowly: look again later
+            self.watch()
             return
         log.warning("gRPC connection closed: %d bytes unsent for %g s", held, self._timeout)
         self._stuck()

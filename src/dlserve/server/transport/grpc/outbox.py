@@ -9,8 +9,8 @@ work from upstream, whose own flow control then holds back what feeds it.
 A producer that has its message waits holding it; so that a stream of small requests
 with large responses does not start many that would all wait so, :meth:`Outbox.admit`
 lets one more start only while what is queued and each running one, counted at the size
-of the largest recent message (half the limit until one is seen), fit the limit (one
-always may when none runs).
+of the largest recent message (a sixteenth of the limit until one is seen: 16 may start
+before the first message), fit the limit (one always may when none runs).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Final
 
 OUTBOX_BYTES: Final = 4 * 1024 * 1024
+FIRST_PRODUCERS: Final = 16  # may start before the first message: a batch's worth
 
 
 class Outbox:
@@ -34,7 +35,8 @@ class Outbox:
         self._ready = asyncio.Event()  # something is queued
         self._room = asyncio.Event()  # fewer than limit bytes are queued
         self._room.set()
-        self._largest = limit // 2  # of recent messages; a guess until one is seen
+        # of recent messages; until one is seen a guess that lets FIRST_PRODUCERS start
+        self._largest = limit // FIRST_PRODUCERS
         self._guess = True
 
     async def put(self, message: bytes) -> None:

@@ -114,6 +114,7 @@ class GrpcConnection(Connection):
 
     def pause_writing(self) -> None:
         self.budget.paused = True
+        self.budget.watch()
 
     def resume_writing(self) -> None:
         self.budget.paused = False
@@ -144,8 +145,8 @@ class GrpcConnection(Connection):
         if method.guard is not None and (refusal := method.guard(headers)) is not None:
             self._refuse(stream_id, *refusal, end_stream)
             return
-        call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
-                    fields.get("grpc-encoding", "identity"))  # fmt: skip
+        context = Context(self._peer, headers, self._peer_pid, self.budget)
+        call = Call(stream_id, method, context, fields.get("grpc-encoding", "identity"))
         if self.server.timing.active:
             call.context.opened_ns = time.monotonic_ns()
         self.calls[stream_id] = call
