@@ -288,6 +288,6 @@ def _grpc_limit_options(group: Any) -> None:
     )  # fmt: skip
     group.add_argument(
         "--grpc-send-timeout", type=_seconds, default=limits.SEND_TIMEOUT_S,
-        metavar="SECONDS", help="a connection past its send budget with nothing sent for "
+        metavar="SECONDS", help="a connection whose responses wait while nothing moves for "
         f"this long is closed and its calls cancelled (default {limits.SEND_TIMEOUT_S:g})",
     )  # fmt: skip

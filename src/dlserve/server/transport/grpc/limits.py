@@ -11,9 +11,9 @@
 - ``send_budget``: what one connection may make the server hold produced and not yet
   sent (responses waiting for the client's flow-control window or in the socket's
   buffer). Past it the connection's further calls, and a stream's further requests, wait
-  before they run.
-- ``send_timeout``: how long a connection may stay past its budget with nothing leaving;
-  then it is closed, its calls cancelled and what it held released.
+  before they run (``budget.py``).
+- ``send_timeout``: how long a connection's responses may wait while nothing moves; then
+  it is closed, its calls cancelled and what it held released.
 """
 
 from __future__ import annotations
