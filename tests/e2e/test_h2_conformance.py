@@ -389,7 +389,8 @@ def test_the_options_reach_the_connections() -> None:
                "8192")  # fmt: skip
     with run_server(EXAMPLES, *options) as running, Raw(running.grpc_port) as raw:
         assert (raw.settings[0x3], raw.settings[0x5], raw.settings[0x6]) == (2, 65536, 8192)
-        raw.send(frame(HEADERS, END_HEADERS, 1, request()) + frame(DATA, 0, 1, bytes(20000)))
+        part = b"\x00" + (1 << 20).to_bytes(4, "big") + bytes(19995)  # of a 1 MiB message
+        raw.send(frame(HEADERS, END_HEADERS, 1, request()) + frame(DATA, 0, 1, part))
         raw.send(
             frame(HEADERS, END_HEADERS, 3, request()) + frame(HEADERS, END_HEADERS, 5, request())
         )

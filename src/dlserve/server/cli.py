@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for warning in warnings:  # Triton's tuning options: accepted, said to change nothing
         print(warning, file=sys.stderr)
+    from dlserve.server.transport.grpc.limits import GrpcLimits
     from dlserve.server.transport.http1.limits import Http1Limits
     from dlserve.server.wiring import ServerOptions, run
 
@@ -181,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         grpc_max_connections=args.grpc_max_connections,
         grpc_http2=http2_limits(args),
+        grpc_limits=GrpcLimits(
+            args.grpc_max_message_size,
+            args.grpc_max_decompressed_size,
+            args.grpc_connection_send_budget,
+            args.grpc_send_timeout,
+        ),
+        grpc_infer_max_fields=args.grpc_infer_max_fields,
     )
     profile = os.environ.get("DLSERVE_SERVER_PROFILE")
     if profile:  # a developer's switch: cProfile the server process into this file

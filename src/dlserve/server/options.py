@@ -102,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
     _access_options(serve.add_argument_group("endpoint access (Triton's options)"))
     _connection_limits(serve.add_argument_group("connection limits and timeouts"))
     _http2_options(serve.add_argument_group("gRPC's HTTP/2: keepalive (Triton's options), limits"))
+    _grpc_limit_options(serve.add_argument_group("gRPC limits (docs/network-edge.md)"))
     triton_options.add_options(serve)  # hidden: answered in main(), see triton_options
     return parser
 
@@ -364,3 +365,41 @@ _HTTP2_RANGES: Final = {
 def http2_limits(args: argparse.Namespace) -> Limits:
     """The ``Limits`` the HTTP/2 options above give."""
     return Limits(**{name: getattr(args, f"h2_{name}") for _, name, _, _ in _HTTP2_OPTIONS})
+
+
+# -- gRPC limits: what one peer may make the server hold (transport/grpc/limits.py) -------
+def _byte_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _grpc_limit_options(group: Any) -> None:
+    from dlserve.server.transport.grpc import limits
+
+    group.add_argument(
+        "--grpc-max-message-size", type=_byte_count, default=limits.MAX_MESSAGE,
+        metavar="BYTES", help="largest gRPC request message accepted as received; larger "
+        f"is RESOURCE_EXHAUSTED (default {limits.MAX_MESSAGE}, Triton's)",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-max-decompressed-size", type=_byte_count, default=limits.MAX_INFLATED,
+        metavar="BYTES", help="largest a gzip or deflate request message may inflate to; "
+        f"larger is RESOURCE_EXHAUSTED (default {limits.MAX_INFLATED})",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-infer-max-fields", type=_byte_count, default=4096, metavar="COUNT",
+        help="most top-level fields a ModelInferRequest may have (its inputs, outputs, raw "
+        "contents and parameters together); more is INVALID_ARGUMENT (default 4096)",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-connection-send-budget", type=_byte_count, default=limits.SEND_BUDGET,
+        metavar="BYTES", help="responses one connection may leave unsent before its further "
+        f"calls wait (default {limits.SEND_BUDGET})",
+    )  # fmt: skip
+    group.add_argument(
+        "--grpc-send-timeout", type=_seconds, default=limits.SEND_TIMEOUT_S,
+        metavar="SECONDS", help="a connection whose responses wait while nothing moves for "
+        f"this long is closed and its calls cancelled (default {limits.SEND_TIMEOUT_S:g})",
+    )  # fmt: skip

@@ -22,10 +22,12 @@ from dlserve.server.core.models.repository import Repository
 from dlserve.server.core.service import InferenceService, ServiceOptions
 from dlserve.server.core.shm.owners import OwnerOptions
 from dlserve.server.core.shm.registry import AllowClientShm
+from dlserve.server.frontends.grpc.convert import MAX_FIELDS
 from dlserve.server.frontends.grpc.servicer import create_grpc_server
 from dlserve.server.frontends.http.app import create_http_app
 from dlserve.server.frontends.http.metrics_endpoint import create_metrics_app
 from dlserve.server.frontends.restrictions import Restrictions
+from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.listener import TlsOptions
 from dlserve.server.transport.h2.limits import Limits
 from dlserve.server.transport.http1.limits import Http1Limits
@@ -81,6 +83,8 @@ class ServerOptions:
     trace: dict[str, list[str]] = field(default_factory=dict)  # --trace-config
     cache: CacheSettings | None = None  # --cache-config: the response cache
     grpc_restrictions: Restrictions = field(default_factory=dict)  # --grpc-restricted-protocol
+    grpc_limits: GrpcLimits = DEFAULT_LIMITS  # --grpc-max-message-size and the rest of its group
+    grpc_infer_max_fields: int = MAX_FIELDS  # of a ModelInferRequest
     http_restrictions: Restrictions = field(default_factory=dict)  # --http-restricted-api
     http_limits: Http1Limits = field(default_factory=Http1Limits)  # --http-max-connections...
     grpc_max_connections: int | None = 4096  # --grpc-max-connections
@@ -160,7 +164,8 @@ class Server:
         if self.options.allow_grpc:
             self._grpc = create_grpc_server(
                 self.service, self.hosts["grpc"], self.options.grpc_port, self.options.grpc_uds,
-                self.options.grpc_tls, self.options.grpc_restrictions, self.options.grpc_http2,
+                self.options.grpc_tls, self.options.grpc_restrictions, self.options.grpc_limits,
+                self.options.grpc_infer_max_fields, self.options.grpc_http2,
             )  # fmt: skip
             self._grpc.max_connections = self.options.grpc_max_connections
             self.ports["grpc_port"] = await self._grpc.start()

@@ -4,6 +4,7 @@ as tritonclient parses them."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -571,3 +572,40 @@ def test_health_check_says_not_serving_while_the_server_is_not_ready() -> None:
     assert asyncio.run(servicer.health_check(check, None)).status == health.NOT_SERVING
     readiness.ready_now = True
     assert asyncio.run(servicer.health_check(check, None)).status == health.SERVING
+
+
+# -- the walk is bounded by a ModelInferRequest's real structure -------------------------------
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        (bytes(64 << 20), "field number 0 at byte 0"),  # 64 MiB of zeros: refused at once
+        (b"\x0a\x01m\x00\x00", "field number 0 at byte 3"),
+        (b"\x08\x01", "field 1 with wire type 0 (it is length-delimited)"),
+        (b"\x0a\x01m\x3d\x00\x00\x00\x00", "field 7 with wire type 5 (it is length-delimited)"),
+        (b"\x42\x00", "unknown field 8 at byte 0"),
+        (b"\x8a\x00\x00", "field 1 with wire type 2"),  # a key written in two bytes
+        (b"\xfa\xff\x03\x00", "unknown field 8191 at byte 0"),
+    ],
+)  # fmt: skip
+def test_what_is_not_a_field_of_the_message_is_refused_where_it_starts(
+    data: bytes, what: str
+) -> None:
+    started = time.perf_counter()
+    with pytest.raises(errors.InvalidArgumentError, match="malformed ModelInferRequest: ") as info:
+        convert.parse_infer_request(data)
+    assert what in str(info.value)
+    assert time.perf_counter() - started < 0.01
+
+
+@pytest.mark.parametrize("key", [b"\x3a", b"\x2a", b"\x32", b"\x22"])
+def test_millions_of_tiny_fields_cost_max_fields_steps(key: bytes) -> None:
+    """10 million empty raw_input_contents (or inputs, outputs, parameters) are refused
+    after max_fields fields, in about a millisecond."""
+    data = (key + b"\x00") * 10_000_000
+    started = time.perf_counter()
+    with pytest.raises(errors.InvalidArgumentError, match="more than 4096 fields"):
+        convert.parse_infer_request(data)
+    assert time.perf_counter() - started < 0.05
+    with pytest.raises(errors.InvalidArgumentError, match="more than 10 fields"):
+        convert.split_infer_request((key + b"\x00") * 11, max_fields=10)
+    convert.split_infer_request((key + b"\x00") * 10, max_fields=10)  # at the bound: read

@@ -10,7 +10,7 @@ import base64
 import gzip
 import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote
 
 import grpc
@@ -23,8 +23,10 @@ from dlserve.server.transport.grpc.calls import (
     parse_timeout,
     trailers,
 )
+from dlserve.server.transport.grpc.inflate import inflate
+from dlserve.server.transport.grpc.limits import GrpcLimits
 from dlserve.server.transport.grpc.listener import GrpcServer
-from dlserve.server.transport.grpc.rpc import GrpcConnection, decompress
+from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import RpcError, Status
 from dlserve.server.transport.h2.frames import (
     DATA,
@@ -40,6 +42,7 @@ from dlserve.server.transport.h2.frames import (
 NOT_FOUND, INTERNAL = grpc.StatusCode.NOT_FOUND.value[0], grpc.StatusCode.INTERNAL.value[0]
 UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 
 
 def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -87,14 +90,20 @@ def connect(methods: Mapping[str, Method], **options: Any) -> tuple[GrpcConnecti
     return connection, wire
 
 
+FRAME: Final = 16384  # the largest frame the server allows by default
+
+
 def call(connection: GrpcConnection, stream: int, *messages: bytes, **head: bytes) -> None:
-    """A call: its headers (``head``: extra ones; path=... replaces the path), its messages,
-    the end of its side."""
+    """A call: its headers (``head``: extra ones; path=... replaces the path), its messages
+    (in frames of the default maximum size), the end of its side."""
     path = head.pop("path", b"/t.S/Echo")
     extra = [(name.replace("_", "-").encode(), value) for name, value in head.items()]
+    body = b"".join(messages)
+    pieces = [body[at : at + FRAME] for at in range(0, len(body), FRAME)] or [b""]
     connection.data_received(
         headers(stream, request_head(path, *extra))
-        + data(stream, b"".join(messages), end_stream=True)
+        + b"".join(data(stream, piece) for piece in pieces[:-1])
+        + data(stream, pieces[-1], end_stream=True)
     )
 
 
@@ -108,7 +117,7 @@ async def ended(wire: Wire, stream: int) -> list[Frame]:
 
 def status(frames: list[Frame]) -> tuple[int, str]:
     """The status the stream ended with (its message percent-decoded, as a client does)."""
-    last = fields(frames[-1].payload)
+    last = fields([f for f in frames if f.kind == HEADERS][-1].payload)
     return int(last["grpc-status"]), unquote(last.get("grpc-message", ""))
 
 
@@ -154,14 +163,84 @@ def test_a_streaming_call_gets_its_messages_whole_however_they_are_cut() -> None
 
 
 def test_a_unary_call_needs_exactly_one_message() -> None:
+    """grpc/doc/statuscodes.md: a request cardinality violation is UNIMPLEMENTED; a
+    second message is refused as it arrives, not gathered."""
+
     async def scenario() -> None:
         connection, wire = connect({"/t.S/Echo": Method(echo)})
         call(connection, 1)
         call(connection, 3, message(b"a"), message(b"b"))
-        for stream in (1, 3):
+        connection.data_received(headers(5, request_head()) + data(5, message(b"a")))
+        connection.data_received(data(5, message(b"b")))  # the client goes on
+        for stream in (1, 3, 5):
             assert status(await ended(wire, stream)) == (
                 UNIMPLEMENTED, "a unary call needs exactly one request message"
             )  # fmt: skip
+        assert not connection.calls
+
+    run(scenario)
+
+
+CUT_SHORT = (INTERNAL, "the call ended inside a message: its length prefix says more than was sent")
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (message(b"hello") + b"\x00\x00", CUT_SHORT),  # stray bytes after the message
+        (message(b"hello")[:-1], CUT_SHORT),  # the prefix says more than the bytes
+        (message(b"hello")[:3], CUT_SHORT),  # not even a whole prefix
+        # the prefix says less: the rest is read as a second message
+        (b"\x00" + (3).to_bytes(4, "big") + b"hello", CUT_SHORT),
+        (b"\x00" + (0).to_bytes(4, "big") + message(b"hello"),
+         (UNIMPLEMENTED, "a unary call needs exactly one request message")),
+        (message(b"hello", compressed=True),
+         (INTERNAL, "a compressed message on a call without grpc-encoding")),
+        (b"\x02" + message(b"hello")[1:],
+         (INTERNAL, "a message's Compressed-Flag must be 0 or 1, not 2")),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_call_that_breaks_the_framing_ends_with_grpcs_status(
+    body: bytes, expected: tuple[int, str], cut: bool
+) -> None:
+    """Whole or byte by byte, the same status; the handler never runs."""
+
+    async def scenario() -> None:
+        held = Held()
+        connection, wire = connect({"/t.S/Echo": Method(held)})
+        connection.data_received(headers(1, request_head()))
+        pieces = [body[at : at + 1] for at in range(len(body))] if cut else [body]
+        for piece in pieces:
+            connection.data_received(data(1, piece))
+        connection.data_received(data(1, b"", end_stream=True))
+        assert status(await ended(wire, 1)) == expected
+        assert not held.entered.is_set() and not connection.calls
+
+    run(scenario)
+
+
+def test_a_stream_that_ends_inside_a_message_ends_internal() -> None:
+    async def scenario() -> None:
+        connection, wire = connect({"/t.S/Chat": Method(chat, streaming=True)})
+        connection.data_received(headers(1, request_head(b"/t.S/Chat")))
+        connection.data_received(data(1, message(b"ab") + message(b"cd")[:-1], end_stream=True))
+        frames = await ended(wire, 1)
+        assert status(frames) == CUT_SHORT
+
+    run(scenario)
+
+
+def test_a_message_larger_than_the_limit_is_resource_exhausted() -> None:
+    async def scenario() -> None:
+        limits = GrpcLimits(max_message=4)
+        connection, wire = connect({"/t.S/Echo": Method(echo)}, limits=limits)
+        call(connection, 1, message(b"12345"))
+        call(connection, 3, message(b"1234"))
+        assert status(await ended(wire, 1)) == (
+            RESOURCE_EXHAUSTED, "Received message larger than max (5 vs. 4)"
+        )  # fmt: skip
+        assert messages_of(await ended(wire, 3)) == [b"1234"]
 
     run(scenario)
 
@@ -273,13 +352,58 @@ def test_compressed_messages_reach_the_handler_inflated(
     run(scenario)
 
 
-def test_decompress_refuses_what_it_cannot_read() -> None:
-    assert decompress("gzip", memoryview(gzip.compress(b"x"))) == b"x"
-    code, text = decompress("gzip", memoryview(b"not gzip"))  # type: ignore[misc]
-    assert code == INTERNAL and text.startswith("cannot decompress the message: ")
-    assert decompress("snappy", memoryview(b"")) == (
-        UNIMPLEMENTED, "Compression algorithm 'snappy' is not supported"
-    )  # fmt: skip
+def test_inflate_refuses_what_it_cannot_read() -> None:
+    async def scenario() -> None:
+        assert await inflate("gzip", memoryview(gzip.compress(b"x")), 10) == b"x"
+        code, text = await inflate("gzip", memoryview(b"not gzip"), 10)  # type: ignore[misc]
+        assert code == INTERNAL and text.startswith("cannot decompress the message: ")
+        truncated = memoryview(gzip.compress(b"x" * 1000)[:-10])
+        assert await inflate("gzip", truncated, 10_000) == (
+            INTERNAL, "cannot decompress the message: it ends too soon"
+        )  # fmt: skip
+        assert await inflate("snappy", memoryview(b""), 10) == (
+            UNIMPLEMENTED, "Compression algorithm 'snappy' is not supported"
+        )  # fmt: skip
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "squeeze"), [(b"gzip", gzip.compress), (b"deflate", zlib.compress)]
+)
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_bomb_is_refused_as_soon_as_it_inflates_past_the_limit(
+    encoding: bytes, squeeze: Callable[[bytes], bytes], streaming: bool
+) -> None:
+    """64 MiB of zeros (64 KiB compressed) against a limit of 4 MiB: refused with grpc's
+    size message once a slice passes 4 MiB; the loop runs other work between slices."""
+
+    async def scenario() -> None:
+        limits = GrpcLimits(max_inflated=4 << 20)
+        methods = {"/t.S/Echo": Method(echo), "/t.S/Chat": Method(chat, streaming=True)}
+        connection, wire = connect(methods, limits=limits)
+        bomb = squeeze(bytes(64 << 20))
+        ticks = 0
+
+        async def ticking() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(ticking())
+        path = b"/t.S/Chat" if streaming else b"/t.S/Echo"
+        call(connection, 1, message(bomb, compressed=True), grpc_encoding=encoding, path=path)
+        code, text = status(await ended(wire, 1))
+        ticker.cancel()
+        assert code == RESOURCE_EXHAUSTED
+        assert text.startswith("Received message larger than max (") and text.endswith(
+            f" vs. {4 << 20})"
+        )
+        assert int(text.split("(")[1].split()[0]) <= (4 << 20) + (1 << 20)  # one slice past
+        assert ticks >= 4  # the loop ran between the slices
+
+    run(scenario)
 
 
 # -- a call's end: deadline, reset, lost connection, stopping --------------------------------
@@ -396,3 +520,103 @@ def test_a_handler_sees_the_calls_own_metadata() -> None:
     context = Context("ipv4:127.0.0.1:5000", headers, 42)
     assert context.invocation_metadata() == (("x-a", "1"), ("blob-bin", b"\x00\xff"))
     assert (context.peer(), context.peer_pid()) == ("ipv4:127.0.0.1:5000", 42)
+
+
+# -- what a connection holds unsent: its send budget ---------------------------------------------
+class Large:
+    """A handler whose response is ``size`` bytes; the calls it has begun."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.begun: list[int] = []
+        self.more = asyncio.Event()
+
+    async def __call__(self, request: memoryview, context: Context) -> bytes:
+        self.begun.append(len(self.begun))
+        self.more.set()
+        return b"x" * self.size
+
+
+async def settled() -> None:
+    """Let every task that can run, run (the scenario's deadline bounds it)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_past_its_send_budget_a_connections_further_calls_wait_until_it_reads() -> None:
+    """A client that gives no window: its responses wait in the server; past the budget
+    its next call does not run until the client takes what waits."""
+
+    async def scenario() -> None:
+        large = Large(60)
+        limits = GrpcLimits(send_budget=100, send_timeout=60)
+        server = GrpcServer({"/t.S/Echo": Method(large)}, "127.0.0.1", 0, limits=limits)
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening(window=0))
+        for stream in (1, 3, 5):
+            call(connection, stream, message(b""))
+        await settled()
+        assert large.begun == [0, 1]  # 65 bytes held: the second runs; 130: the third waits
+        assert connection.budget.held() == 130
+        for stream in (1, 3):
+            update = frame(WINDOW_UPDATE, 0, stream, (65).to_bytes(4, "big"))
+            connection.data_received(update)
+        await settled()
+        assert large.begun == [0, 1, 2]
+        assert messages_of(wire.of(1)) == [b"x" * 60]
+
+    run(scenario)
+
+
+def test_a_connection_whose_responses_wait_with_nothing_moving_is_closed_after_the_timeout() -> (
+    None
+):
+    async def scenario() -> None:
+        large, held = Large(60), Held()
+        limits = GrpcLimits(send_budget=100, send_timeout=0.05)
+        methods = {"/t.S/Echo": Method(large), "/t.S/Hold": Method(held)}
+        server = GrpcServer(methods, "127.0.0.1", 0, limits=limits)
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening(window=0))
+        for stream in (1, 3):
+            call(connection, stream, message(b""))
+        call(connection, 5, message(b""), path=b"/t.S/Hold")  # waits for room
+        while not wire.closed:
+            await asyncio.sleep(0.01)
+        assert not held.entered.is_set()
+        connection.connection_lost(None)  # what asyncio does once the socket is dropped
+        await settled()
+        assert server.calls == 0 and not connection.calls
+        assert connection.budget.held() == 0
+
+    run(scenario)
+
+
+def test_a_stream_takes_its_next_message_only_while_its_connection_is_within_budget() -> None:
+    async def scenario() -> None:
+        seen: list[int] = []
+
+        async def answer(
+            requests: AsyncIterator[memoryview], context: Context
+        ) -> AsyncIterator[bytes]:
+            async for request in requests:
+                seen.append(len(request))
+                yield b"x" * 200
+
+        limits = GrpcLimits(send_budget=100, send_timeout=60)
+        server = GrpcServer({"/t.S/Chat": Method(answer, streaming=True)}, "127.0.0.1", 0,
+                            limits=limits)  # fmt: skip
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening(window=0))
+        connection.data_received(headers(1, request_head(b"/t.S/Chat")))
+        connection.data_received(data(1, message(b"a") + message(b"bb") + message(b"ccc")))
+        await settled()
+        assert seen == [1]  # 205 bytes wait for window: the next message waits too
+        connection.data_received(frame(WINDOW_UPDATE, 0, 1, (205).to_bytes(4, "big")))
+        await settled()
+        assert seen == [1, 2]
+
+    run(scenario)

@@ -132,9 +132,7 @@ def serving(
 ) -> Iterator[tuple[GrpcServer, int, Probe]]:  # fmt: skip
     loop = uvloop.new_event_loop()
     probe = Probe(loop)
-    server = GrpcServer(
-        methods(probe), "127.0.0.1", 0, uds_path, status_of=status_of, limits=limits
-    )
+    server = GrpcServer(methods(probe), "127.0.0.1", 0, uds_path, status_of=status_of, http2=limits)
     probe.server = server
     port = loop.run_until_complete(server.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -33,3 +33,25 @@ def test_get_waits_for_a_message() -> None:
         assert await asyncio.wait_for(getter, 5) == b"m"
 
     asyncio.run(scenario())
+
+
+def test_admit_lets_fewer_producers_start_as_messages_grow() -> None:
+    async def scenario() -> None:
+        box = Outbox(limit=100)
+        assert not box.crowded(15) and box.crowded(16)  # a guess: 16 may start at first
+        box.put_nowait(b"x" * 10)
+        assert not box.crowded(8) and box.crowded(9)  # 10 queued, 10 each: 9 may run
+        assert await box.get() == b"x" * 10
+        running = [3]
+        box.put_nowait(b"y" * 40)  # 40 queued, 40 each: none more while 3 run
+        admitted = asyncio.ensure_future(box.admit(lambda: running[0]))
+        await asyncio.sleep(0)
+        assert not admitted.done()
+        running[0] = 1
+        box.finished()  # still 40 + 2 * 40 > 100
+        await asyncio.sleep(0)
+        assert not admitted.done()
+        assert await box.get() == b"y" * 40  # 0 + 2 * 40 fits
+        await asyncio.wait_for(admitted, 5)
+
+    asyncio.run(scenario())

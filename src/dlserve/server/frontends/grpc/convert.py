@@ -3,7 +3,10 @@
 The infer path does not let protobuf touch tensor bytes. A ModelInferRequest
 arrives as the bytes gRPC received: :func:`split_infer_request` walks its
 top-level fields, keeps each ``raw_input_contents`` entry (field 7) as a
-``memoryview`` into those bytes, and hands only the small rest to protobuf. A
+``memoryview`` into those bytes, and hands only the small rest to protobuf. The walk
+is in Python, so it is bounded by the message's real structure: bytes that are not a
+ModelInferRequest's fields are refused where they start (INVALID_ARGUMENT), and a
+message of more than ``max_fields`` fields after that many steps. A
 response is serialized the other way round: protobuf writes the metadata and
 each output's bytes are appended as a ``raw_output_contents`` field (6), so
 they are copied once, into the message gRPC sends.
@@ -40,10 +43,17 @@ _Duration: Final = pb.StatisticDuration
 _TensorMetadata: Final = pb.ModelMetadataResponse.TensorMetadata
 
 # Wire keys (field number << 3 | wire type 2, length-delimited).
+# ModelInferRequest's fields: model_name, model_version, id, parameters, inputs, outputs,
+# raw_input_contents (1 to 7), every one length-delimited, every key one byte
+_FIELD_NUMBERS: Final = range(1, 8)
+_KEYS: Final = frozenset((number << 3) | 2 for number in _FIELD_NUMBERS)
 _RAW_INPUT_KEY: Final = (7 << 3) | 2  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents
 _STREAM_RESPONSE_TAG: Final = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response
 _MALFORMED: Final = "malformed ModelInferRequest"
+# the top-level fields a ModelInferRequest may have (--grpc-infer-max-fields): a message
+# of millions of tiny fields is refused after this many steps, not walked to its end
+MAX_FIELDS: Final = 4096
 
 
 # -- protobuf wire format --------------------------------------------------------------
@@ -70,24 +80,16 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _skip_field(data: bytes | memoryview, key: int, pos: int, end: int) -> tuple[int, int]:
-    """(start of the field's value, end of the field) for a field whose key ends at pos."""
-    wire_type = key & 7
-    if wire_type == 2:
-        length, pos = _read_varint(data, pos, end)
-        return pos, pos + length
-    if wire_type == 0:
-        return pos, _read_varint(data, pos, end)[1]
-    if wire_type == 1:
-        return pos, pos + 8
-    if wire_type == 5:
-        return pos, pos + 4
-    raise InvalidArgumentError(f"{_MALFORMED}: unsupported wire type {wire_type}")
-
-
-def split_infer_request(data: bytes | memoryview) -> tuple[bytes | memoryview, list[memoryview]]:
+def split_infer_request(
+    data: bytes | memoryview, max_fields: int = MAX_FIELDS
+) -> tuple[bytes | memoryview, list[memoryview]]:
     """The message without its raw_input_contents, and those contents as views of ``data``.
 
+    Its walk costs one step per field that a ModelInferRequest has, and stops at the first
+    thing that is not one: a key that is not one of its seven fields (field number 0,
+    another wire type, an unknown field), a length past the end, or more than
+    ``max_fields`` fields (so millions of tiny fields cost ``max_fields`` steps; that
+    there are no more raw contents than inputs is checked once the inputs are read).
     Keys and lengths under 128 (nearly all) are read inline: this loop runs per request.
     """
     view = memoryview(data)
@@ -95,15 +97,19 @@ def split_infer_request(data: bytes | memoryview) -> tuple[bytes | memoryview, l
     kept: list[memoryview] = []
     kept_from = pos = 0
     end = len(data)
-    while pos < end:
+    for _ in range(max_fields):
+        if pos >= end:
+            break
         field_start = pos
         key = data[pos]
-        if key < 0x80 and key & 7 == 2 and pos + 1 < end and data[pos + 1] < 0x80:
+        if key not in _KEYS:
+            raise InvalidArgumentError(_bad_key(data, pos))
+        if pos + 1 < end and data[pos + 1] < 0x80:
             value_start = pos + 2
             pos = value_start + data[pos + 1]
         else:
-            key, pos = _read_varint(data, pos, end)
-            value_start, pos = _skip_field(data, key, pos, end)
+            length, value_start = _read_varint(data, pos + 1, end)
+            pos = value_start + length
         if pos > end:
             raise InvalidArgumentError(f"{_MALFORMED}: field runs past the end of the message")
         if key == _RAW_INPUT_KEY:
@@ -111,10 +117,28 @@ def split_infer_request(data: bytes | memoryview) -> tuple[bytes | memoryview, l
                 kept.append(view[kept_from:field_start])
             raws.append(view[value_start:pos])
             kept_from = pos
+    else:
+        if pos < end:
+            raise InvalidArgumentError(
+                f"{_MALFORMED}: more than {max_fields} fields (--grpc-infer-max-fields)"
+            )
     if not raws:
         return data, raws
     kept.append(view[kept_from:end])
     return b"".join(kept), raws
+
+
+def _bad_key(data: bytes | memoryview, pos: int) -> str:
+    """Why the key at ``pos`` is none of a ModelInferRequest's (field number, wire type)."""
+    key, _ = _read_varint(data, pos, len(data))
+    number, wire_type = key >> 3, key & 7
+    if number == 0:
+        what = "field number 0"
+    elif number in _FIELD_NUMBERS:
+        what = f"field {number} with wire type {wire_type} (it is length-delimited)"
+    else:
+        what = f"unknown field {number}"
+    return f"{_MALFORMED}: {what} at byte {pos}"
 
 
 # -- parameters ------------------------------------------------------------------------
@@ -257,9 +281,9 @@ def infer_request_from_message(
     )  # fmt: skip
 
 
-def parse_infer_request(data: bytes | memoryview) -> InferRequest:
+def parse_infer_request(data: bytes | memoryview, max_fields: int = MAX_FIELDS) -> InferRequest:
     """A serialized ModelInferRequest as a core request; raw inputs are views of ``data``."""
-    metadata, raws = split_infer_request(data)
+    metadata, raws = split_infer_request(data, max_fields)
     try:
         message = _InferRequestMessage.FromString(metadata)
     except DecodeError as exc:

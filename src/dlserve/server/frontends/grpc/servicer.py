@@ -38,6 +38,7 @@ from dlserve.server.frontends.restrictions import (
     group_of,
 )
 from dlserve.server.transport.grpc.calls import Context, Guard, Method, Parts
+from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.listener import GrpcServer, TlsOptions
 from dlserve.server.transport.grpc.outbox import Outbox
 from dlserve.server.transport.grpc.status import Status
@@ -87,8 +88,9 @@ class StreamEnd:
 class GrpcServicer:
     """One method per RPC; each is registered by :func:`method_handlers`."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, max_fields: int = convert.MAX_FIELDS) -> None:
         self._service = service
+        self._max_fields = max_fields  # of a ModelInferRequest (--grpc-infer-max-fields)
 
     # -- health and metadata ------------------------------------------------------------
     async def server_live(self, request: Any, context: Any) -> Any:
@@ -118,7 +120,7 @@ class GrpcServicer:
 
     # -- inference ----------------------------------------------------------------------
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
-        parsed = convert.parse_infer_request(request)
+        parsed = convert.parse_infer_request(request, self._max_fields)
         parsed.peer = shm.peer_of(context.peer())
         trace = self._trace(parsed, context) if context.opened_ns else None
         try:
@@ -156,9 +158,7 @@ class GrpcServicer:
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
         end = StreamEnd(out, (GRPC_ERROR_HEADER, "true") in context.invocation_metadata())
-        reader = asyncio.create_task(
-            self._read_stream(requests, window, end, tasks, peer, context.opened_ns)
-        )
+        reader = asyncio.create_task(self._read_stream(requests, window, end, tasks, peer, context))
         try:
             while (response := await out.get()) is not None:
                 yield response
@@ -172,17 +172,25 @@ class GrpcServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
-        end: StreamEnd, tasks: set[asyncio.Task[None]], peer: Peer, waited: int,
+        end: StreamEnd, tasks: set[asyncio.Task[None]], peer: Peer, context: Context,
     ) -> None:  # fmt: skip
-        """``waited``: while tracing is on, when the stream began waiting for its next
-        request (GRPC_WAITREAD_START of that request's trace)."""
+        """Each request starts as one of its connection's calls (``context.may_start``: the
+        connection's send budget) and once the outbox can take its response. ``waited``:
+        while tracing is on, when the stream began waiting for its next request
+        (GRPC_WAITREAD_START of that request's trace)."""
+        waited = context.opened_ns
         timing = self._service.trace
         if not waited and timing.active:  # turned on since the stream opened
             waited = time.monotonic_ns()
         try:
             async for data in requests:
                 await window.acquire()
-                one = self._stream_one(data, peer, end, window, waited)
+                if end.out.crowded(len(tasks)):  # large responses: fewer at once
+                    await end.out.admit(tasks.__len__)
+                if not context.may_start():
+                    await context.wait_to_start()
+                context.started()
+                one = self._stream_one(data, peer, end, window, waited, context)
                 task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -194,13 +202,13 @@ class GrpcServicer:
 
     async def _stream_one(
         self, data: memoryview, peer: Peer, end: StreamEnd, window: asyncio.Semaphore,
-        waited: int,
+        waited: int, context: Context,
     ) -> None:  # fmt: skip
         request: InferRequest | None = None
         trace: Trace | None = None
         out = end.out
         try:
-            request = convert.parse_infer_request(data)
+            request = convert.parse_infer_request(data, self._max_fields)
             request.peer = peer
             if waited:
                 trace = self._stream_trace(request, waited)
@@ -229,6 +237,8 @@ class GrpcServicer:
             out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
         finally:
             window.release()
+            out.finished()
+            context.ended()
             if trace is not None:
                 trace.release()
 
@@ -387,14 +397,16 @@ def _guard(restriction: Restriction) -> Guard:
 def create_grpc_server(
     service: InferenceService, host: str, port: int, uds_path: str | None = None,
     tls: TlsOptions | None = None, restrictions: Restrictions | None = None,
-    limits: Limits | None = None,
+    limits: GrpcLimits = DEFAULT_LIMITS, max_fields: int = convert.MAX_FIELDS,
+    http2: Limits | None = None,
 ) -> GrpcServer:  # fmt: skip
     """An unstarted gRPC server for ``service`` on ``host:port`` (0: a free port), over TLS
     with ``tls``; with ``uds_path``, also on that Unix socket (a stale socket file is
     replaced); ``restrictions``: groups of methods that only calls with a header may use;
-    ``limits``: each HTTP/2 connection's."""
-    methods = restrict(method_handlers(GrpcServicer(service)), restrictions or {})
+    ``limits``: what one peer may make the server hold; ``max_fields``: of a
+    ModelInferRequest; ``http2``: each HTTP/2 connection's limits and keepalive."""
+    methods = restrict(method_handlers(GrpcServicer(service, max_fields)), restrictions or {})
     return GrpcServer(
         methods, host, port, uds_path, tls, timing=service.trace, status_of=status_of,
-        limits=limits or Limits(),
+        limits=limits, http2=http2 or Limits(),
     )  # fmt: skip

@@ -19,6 +19,7 @@ from dlserve.server.transport.h2 import hpack_codec
 from dlserve.server.transport.h2.hpack_codec import Headers
 
 if TYPE_CHECKING:
+    from dlserve.server.transport.grpc.budget import SendBudget
     from dlserve.server.transport.timing import Traced
 
 _TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -50,12 +51,15 @@ class Method:
 class Context:
     """What a handler may ask about its call (the part of grpc.aio's context it needs)."""
 
-    __slots__ = ("_headers", "_peer", "_peer_pid", "opened_ns", "trace")
+    __slots__ = ("_budget", "_headers", "_peer", "_peer_pid", "opened_ns", "trace")
 
-    def __init__(self, peer: str, headers: Headers, peer_pid: int | None) -> None:
+    def __init__(
+        self, peer: str, headers: Headers, peer_pid: int | None, budget: SendBudget | None = None
+    ) -> None:  # fmt: skip
         self._peer = peer
         self._headers = headers
         self._peer_pid = peer_pid
+        self._budget = budget  # the connection's (budget.py): a stream's work counts there
         self.opened_ns = 0  # when the call opened; taken only while tracing is on
         self.trace: Traced | None = None  # the call's trace: its sending is stamped
 
@@ -74,6 +78,24 @@ class Context:
     def peer_pid(self) -> int | None:
         """The process at the other end of a Unix-socket connection (SO_PEERCRED)."""
         return self._peer_pid
+
+    # a streaming handler's work per message, counted as the connection's calls are
+    def may_start(self) -> bool:
+        """Whether one more piece of work may start now (the connection's send budget)."""
+        return self._budget is None or self._budget.admits()
+
+    async def wait_to_start(self) -> None:
+        if self._budget is not None:
+            await self._budget.wait()
+
+    def started(self) -> None:
+        if self._budget is not None:
+            self._budget.running += 1
+
+    def ended(self) -> None:
+        if self._budget is not None:
+            self._budget.running -= 1
+            self._budget.moved()
 
 
 class Call:

@@ -3,9 +3,10 @@
 
 TCP may be TLS (``TlsOptions``: a certificate and key, and for mutual TLS the root
 clients' certificates chain to); the Unix socket, for local clients, is not. Each
-connection's HTTP/2 limits, keepalive and idle timeout are the ``Limits`` given. The caller
-gives what is its own: the method table, how a handler's failure becomes a gRPC status
-(``status_of``), and whether tracing wants a call's arrival time (``timing``). A listener
+connection's HTTP/2 limits, keepalive and idle timeout are the ``Limits`` given as
+``http2``. The caller gives what is its own: the method table, how a handler's failure
+becomes a gRPC status (``status_of``), whether tracing wants a call's arrival time
+(``timing``), and the ``limits`` on what one peer may make it hold (``limits.py``). A listener
 that cannot start raises ``ListenError``.
 
 At most ``max_connections`` connections are open at once (TCP and Unix socket together);
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlserve.server.transport.grpc.calls import Method
+from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.refusal import GrpcRefusal
 from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import StatusOf, status_of
@@ -70,16 +72,17 @@ class GrpcServer:
     def __init__(
         self, methods: Mapping[str, Method], host: str, port: int, uds_path: str | None = None,
         tls: TlsOptions | None = None, timing: Timing = NEVER, status_of: StatusOf = status_of,
-        limits: Limits = Limits(),  # noqa: B008 (frozen)
+        limits: GrpcLimits = DEFAULT_LIMITS, http2: Limits = Limits(),  # noqa: B008 (frozen)
     ) -> None:  # fmt: skip
         self.methods = methods  # by path: "/inference.GRPCInferenceService/ModelInfer"
+        self.limits = limits  # what one peer may make the server hold (limits.py)
         self.timing = timing  # tracing on: calls note when they opened
         self.status_of = status_of  # how a handler's failure ends its call
         self.host = host
         self.port = port
         self.uds_path = uds_path
         self.tls = tls
-        self.limits = limits  # what each HTTP/2 connection allows its client
+        self.http2 = http2  # what each HTTP/2 connection allows its client
         self.connections: set[GrpcConnection] = set()
         self.calls = 0  # in flight
         self.stopping = False

@@ -5,15 +5,23 @@ a slow reader; where several producers answer one call (the frontends' ModelStre
 runs a task per request of the stream), an unbounded queue between them and the call
 would grow instead. Producers wait while ``limit`` bytes are queued, so they stop taking
 work from upstream, whose own flow control then holds back what feeds it.
+
+A producer that has its message waits holding it; so that a stream of small requests
+with large responses does not start many that would all wait so, :meth:`Outbox.admit`
+lets one more start only while what is queued and each running one, counted at the size
+of the largest recent message (a sixteenth of the limit until one is seen: 16 may start
+before the first message), fit the limit (one always may when none runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 OUTBOX_BYTES: Final = 4 * 1024 * 1024
+FIRST_PRODUCERS: Final = 16  # may start before the first message: a batch's worth
 
 
 class Outbox:
@@ -27,6 +35,9 @@ class Outbox:
         self._ready = asyncio.Event()  # something is queued
         self._room = asyncio.Event()  # fewer than limit bytes are queued
         self._room.set()
+        # of recent messages; until one is seen a guess that lets FIRST_PRODUCERS start
+        self._largest = limit // FIRST_PRODUCERS
+        self._guess = True
 
     async def put(self, message: bytes) -> None:
         """Queue ``message`` once fewer than ``limit`` bytes wait."""
@@ -38,8 +49,27 @@ class Outbox:
     def put_nowait(self, message: bytes | None) -> None:
         self._items.append(message)
         if message is not None:
-            self._bytes += len(message)
+            size = len(message)
+            self._bytes += size
+            # a larger message counts at once, smaller ones wear it down by an eighth each
+            largest = self._largest
+            self._largest = size if self._guess else max(size, largest - (largest >> 3))
+            self._guess = False
         self._ready.set()
+
+    def crowded(self, running: int) -> bool:
+        """Whether one more producer must wait to start, ``running`` running already."""
+        return bool(running) and self._bytes + (running + 1) * self._largest > self._limit
+
+    async def admit(self, running: Callable[[], int]) -> None:
+        """Wait until one more producer may start, ``running()`` running already."""
+        while self.crowded(running()):
+            self._room.clear()
+            await self._room.wait()
+
+    def finished(self) -> None:
+        """A producer is done: one waiting in :meth:`admit` looks again."""
+        self._room.set()
 
     async def get(self) -> bytes | None:
         while not self._items:

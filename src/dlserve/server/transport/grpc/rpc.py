@@ -7,7 +7,11 @@ both ways. A unary call's handler starts when its request has arrived whole, and
 response (headers, message, trailers) leaves in one write. What gRPC over HTTP/2 says
 (grpc/doc/PROTOCOL-HTTP2.md) and this keeps: ``grpc-timeout`` ends the call with
 DEADLINE_EXCEEDED and cancels its handler; a client's RST_STREAM or a lost connection
-cancels it; messages compressed with gzip or deflate are accepted; errors are
+cancels it; messages compressed with gzip or deflate are accepted (``inflate.py``,
+within the server's ``limits``); a call that breaks the framing (a unary call of more or
+fewer than one message, a stream that ends inside a message, a Compressed-Flag other than
+0 or 1, or 1 on a call without ``grpc-encoding``) ends with the status grpc names for it
+(UNIMPLEMENTED for the number of messages, INTERNAL for the rest); errors are
 "trailers-only" responses with ``grpc-status`` and a percent-encoded ``grpc-message``.
 A handler's failure becomes a status through the server's ``status_of``; a method's
 ``guard`` may refuse a call from its headers before its handler runs.
@@ -24,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from dlserve.server.transport.grpc.budget import SendBudget
 from dlserve.server.transport.grpc.calls import (
     END,
     Call,
@@ -42,6 +46,7 @@ from dlserve.server.transport.grpc.calls import (
     peer_pid_of,
     trailers,
 )
+from dlserve.server.transport.grpc.inflate import TOO_LARGE, Compressed, inflate
 from dlserve.server.transport.grpc.status import (
     CANCELLED,
     DEADLINE_EXCEEDED,
@@ -49,7 +54,7 @@ from dlserve.server.transport.grpc.status import (
     OK,
     RESOURCE_EXHAUSTED,
     UNIMPLEMENTED,
-    Status,
+    RpcRefused,
 )
 from dlserve.server.transport.h2 import hpack_codec
 from dlserve.server.transport.h2.connection import Connection
@@ -60,8 +65,11 @@ if TYPE_CHECKING:
     from dlserve.server.transport.grpc.listener import GrpcServer
 
 
-MAX_MESSAGE: Final = 2**31 - 1  # protobuf's own limit
-_TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
+# a client that breaks gRPC's framing (PROTOCOL-HTTP2.md's Length-Prefixed-Message)
+ONE_MESSAGE: Final = "a unary call needs exactly one request message"
+CUT_SHORT: Final = "the call ended inside a message: its length prefix says more than was sent"
+BAD_FLAG: Final = "a message's Compressed-Flag must be 0 or 1, not {}"
+NO_ENCODING: Final = "a compressed message on a call without grpc-encoding"
 _HEAD_BLOCK: Final = hpack_codec.encode((
     (b":status", b"200"), (b"content-type", b"application/grpc"),
     (b"grpc-accept-encoding", b"identity,deflate,gzip"),
@@ -73,12 +81,14 @@ class GrpcConnection(Connection):
     """One client connection of a :class:`GrpcServer`; its streams are calls."""
 
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__(server.limits)
+        super().__init__(server.http2)
         self.server = server
         self.calls: dict[int, Call] = {}
         self._peer = ""
         self._peer_pid: int | None = None
         self._status_of = server.status_of
+        self._max_message = server.limits.max_message
+        self.budget = SendBudget(server.limits, self.streams, self._buffered, self._stuck)
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,11 +100,36 @@ class GrpcConnection(Connection):
             self.go_away()
 
     def closed(self) -> None:
+        self.budget.close()
         self.server.connections.discard(self)
         for call in list(self.calls.values()):
             self._cancel(call)
         self.calls.clear()
         self.server.check_drained()
+
+    # -- what the connection holds unsent (budget.py) ----------------------------------
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.budget.moved()  # a window may have grown, a stream been reset
+
+    def pause_writing(self) -> None:
+        self.budget.paused = True
+        self.budget.watch()
+
+    def resume_writing(self) -> None:
+        self.budget.paused = False
+        self.budget.moved()
+
+    def _buffered(self) -> int:
+        size = getattr(self.transport, "get_write_buffer_size", None)
+        return int(size()) if size is not None else 0
+
+    def _stuck(self) -> None:
+        """Past its budget for the send timeout: dropped, unsent bytes and all (a close
+        would wait for them to be written)."""
+        transport = self.transport
+        if transport is not None:
+            getattr(transport, "abort", transport.close)()
 
     # -- a call begins ------------------------------------------------------------------
     def stream_opened(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
@@ -110,8 +145,8 @@ class GrpcConnection(Connection):
         if method.guard is not None and (refusal := method.guard(headers)) is not None:
             self._refuse(stream_id, *refusal, end_stream)
             return
-        call = Call(stream_id, method, Context(self._peer, headers, self._peer_pid),
-                    fields.get("grpc-encoding", "identity"))  # fmt: skip
+        context = Context(self._peer, headers, self._peer_pid, self.budget)
+        call = Call(stream_id, method, context, fields.get("grpc-encoding", "identity"))
         if self.server.timing.active:
             call.context.opened_ns = time.monotonic_ns()
         self.calls[stream_id] = call
@@ -142,12 +177,16 @@ class GrpcConnection(Connection):
         if call is None:
             return
         if (call.message is None and not call.buffer and len(data) >= 5
-                and int.from_bytes(data[1:5], "big") == len(data) - 5):  # fmt: skip
+                and int.from_bytes(data[1:5], "big") == len(data) - 5
+                and len(data) - 5 <= self._max_message):  # fmt: skip
             self._message(call, data[0], memoryview(data)[5:])  # the usual case: no copy
         elif data:
             self._gather(call, memoryview(data))
-        if end_stream:
+        if end_stream and self.calls.get(stream_id) is call:
             call.remote_ended = True
+            if call.message is not None or call.buffer:
+                self._finish(call, INTERNAL, CUT_SHORT)
+                return
             self._deliver(call, END)
 
     def _gather(self, call: Call, data: memoryview) -> None:
@@ -162,8 +201,10 @@ class GrpcConnection(Connection):
                 if len(call.buffer) < 5:
                     return
                 size = int.from_bytes(call.buffer[1:5], "big")
-                if size > MAX_MESSAGE:
-                    self._finish(call, RESOURCE_EXHAUSTED, _TOO_LARGE.format(size, MAX_MESSAGE))
+                if size > self._max_message:
+                    self._finish(
+                        call, RESOURCE_EXHAUSTED, TOO_LARGE.format(size, self._max_message)
+                    )
                     return
                 # not bytearray(size): calloc's fresh pages fault on every first write
                 message = call.message = np.empty(size, np.uint8).data
@@ -177,14 +218,20 @@ class GrpcConnection(Connection):
                 call.message = None
                 call.buffer.clear()
                 self._message(call, flag, message)
+                if self.calls.get(call.stream_id) is not call:
+                    return  # the message ended the call
 
     def _message(self, call: Call, flag: int, message: memoryview) -> None:
+        """A whole message; a compressed one is kept so until its call takes it."""
         if flag:
-            inflated = decompress(call.encoding, message)
-            if isinstance(inflated, tuple):
-                self._finish(call, *inflated)
+            if flag != 1:
+                self._finish(call, INTERNAL, BAD_FLAG.format(flag))
                 return
-            message = memoryview(inflated)
+            if call.encoding == "identity":
+                self._finish(call, INTERNAL, NO_ENCODING)
+                return
+            self._deliver(call, Compressed(message))
+            return
         self._deliver(call, message)
 
     def _deliver(self, call: Call, item: Any) -> None:
@@ -196,8 +243,10 @@ class GrpcConnection(Connection):
                 call.waiter.set_result(None)
         elif item is END:
             if call.task is None:
-                request = call.inbox.popleft() if len(call.inbox) == 1 else None
+                request = call.inbox.popleft() if call.inbox else None
                 call.task = self._loop.create_task(self._run_unary(call, request))
+        elif call.inbox:  # a second message: refused at once, not gathered
+            self._finish(call, UNIMPLEMENTED, ONE_MESSAGE)
         else:
             call.inbox.append(item)
 
@@ -213,19 +262,41 @@ class GrpcConnection(Connection):
             call.inbox_bytes -= len(item)
             if call.inbox_bytes <= HIGH_WATER:
                 self.give_back(call.stream_id)
+            if type(item) is Compressed:
+                item = await self._inflated(call, item)
+            if self.budget.stream_waits():
+                await self.budget.wait(unary=False)
             yield deserialize(item) if deserialize is not None else item
+
+    async def _inflated(self, call: Call, item: Compressed) -> memoryview:
+        """A compressed message inflated; raises RpcRefused with the status that ends
+        its call when it cannot be (or is too large)."""
+        inflated = await inflate(call.encoding, item.data, self.server.limits.max_inflated)
+        if isinstance(inflated, tuple):
+            raise RpcRefused(*inflated)
+        return memoryview(inflated)
 
     def holding(self, stream_id: int) -> bool:
         call = self.calls.get(stream_id)
         return call is not None and call.inbox_bytes > HIGH_WATER
 
     # -- running a call -----------------------------------------------------------------
-    async def _run_unary(self, call: Call, request: memoryview | None) -> None:
+    async def _run_unary(self, call: Call, request: memoryview | Compressed | None) -> None:
         method = call.method
         if request is None:
-            self._finish(call, UNIMPLEMENTED, "a unary call needs exactly one request message")
+            self._finish(call, UNIMPLEMENTED, ONE_MESSAGE)
             return
+        budget = self.budget
+        if not budget.admits():
+            try:
+                await budget.wait(unary=True)
+            except asyncio.CancelledError:
+                self._finish(call, CANCELLED, "Cancelled")
+                raise
+        budget.running += 1
         try:
+            if isinstance(request, Compressed):
+                request = await self._inflated(call, request)
             handler: Unary = method.handler  # type: ignore[assignment]
             arg = method.deserialize(request) if method.deserialize is not None else request
             response = await handler(arg, call.context)
@@ -234,6 +305,8 @@ class GrpcConnection(Connection):
             self._finish(call, CANCELLED, "Cancelled")
             self._release_trace(call.context)
             raise
+        except RpcRefused as exc:
+            self._finish(call, exc.code, exc.message)
         except Exception as exc:
             self._finish(call, *self._status_of(exc))
             self._release_trace(call.context)
@@ -246,6 +319,9 @@ class GrpcConnection(Connection):
             self._respond(call, payload, _OK_TRAILERS)
             trace.stamp("GRPC_SEND_END", time.monotonic_ns())
             trace.release()
+        finally:
+            budget.running -= 1
+            budget.moved()
 
     @staticmethod
     def _release_trace(context: Context) -> None:
@@ -263,6 +339,8 @@ class GrpcConnection(Connection):
         except asyncio.CancelledError:
             self._finish(call, CANCELLED, "Cancelled")
             raise
+        except RpcRefused as exc:
+            self._finish(call, exc.code, exc.message)
         except Exception as exc:
             self._finish(call, *self._status_of(exc))
         else:
@@ -279,6 +357,7 @@ class GrpcConnection(Connection):
         else:
             pieces, size = [payload], len(payload)
         self.send(call.stream_id, head, [b"\x00" + size.to_bytes(4, "big"), *pieces], trailers)
+        self.budget.sent(call.stream_id, size)
         if trailers is not None:
             self._done(call)
 
@@ -287,14 +366,19 @@ class GrpcConnection(Connection):
         if self.calls.get(call.stream_id) is not call:
             return
         block = trailers(code, message) if call.started else self._trailers_only(code, message)
+        task = call.task
         self.send(call.stream_id, b"", (), block)
         self._done(call)
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        if task is not None and not task.done():
+            task.cancel()
 
     def _done(self, call: Call) -> None:
         if self.calls.pop(call.stream_id, None) is None:
             return
+        # a task that ends by an exception keeps it, its traceback, the traceback's frames,
+        # and so the call: the call must not keep the task, or the cycle (and the messages
+        # its frames hold) waits for the garbage collector
+        call.task = None
         if call.deadline is not None:
             call.deadline.cancel()
         if not call.remote_ended:
@@ -309,8 +393,9 @@ class GrpcConnection(Connection):
         call.inbox.clear()  # what the client sent and the handler never took: gone now
         if call.deadline is not None:
             call.deadline.cancel()
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        task, call.task = call.task, None  # no cycle through the task's exception (_done)
+        if task is not None and not task.done():
+            task.cancel()
         if self.calls.pop(call.stream_id, None) is not None:
             self.server.calls -= 1
 
@@ -319,15 +404,3 @@ class GrpcConnection(Connection):
         if call is not None:
             self._cancel(call)
             self.server.check_drained()
-
-
-def decompress(encoding: str, message: memoryview) -> bytes | Status:
-    """A compressed message's bytes, or the status its call ends with."""
-    try:
-        if encoding == "gzip":
-            return zlib.decompress(message, 16 + zlib.MAX_WBITS)
-        if encoding == "deflate":
-            return zlib.decompress(message)
-    except zlib.error as exc:
-        return INTERNAL, f"cannot decompress the message: {exc}"
-    return UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported"

@@ -43,3 +43,13 @@ def status_of(exc: Exception) -> Status:
         return exc.code.value[0], exc.message
     log.error("gRPC call failed", exc_info=exc)
     return INTERNAL, str(exc) or type(exc).__name__
+
+
+class RpcRefused(Exception):
+    """Ends a call with this status: what the client sent breaks gRPC (a message that
+    cannot be inflated, or is too large once inflated); raised where its call takes it."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
