@@ -1,0 +1,90 @@
+"""Graceful stop under load: SIGTERM while 64 clients (32 gRPC, 32 HTTP) have requests
+accepted by the server (one executing, 63 queued behind it at a model that holds them).
+
+The listeners close at once (a new connection is refused while the held requests still
+wait), every accepted request then gets its correct answer, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import TEST_MODELS, run_server, wait_pending
+
+CLIENTS = 64
+
+
+def _inputs(module: object, started: Path, go: Path, value: float) -> list[object]:
+    control = module.InferInput("CONTROL", [2], "BYTES")  # type: ignore[attr-defined]
+    control.set_data_from_numpy(np.array([str(started).encode(), str(go).encode()], np.object_))
+    data = module.InferInput("DATA", [1], "FP32")  # type: ignore[attr-defined]
+    data.set_data_from_numpy(np.array([value], dtype=np.float32))
+    return [control, data]
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _release_one(started: Path, go: Path) -> None:
+    """The gated model's handshake for one request: read its "started", write its "go"."""
+    with open(started) as fifo:  # blocks until execute opens it
+        assert fifo.readline() == "started\n"
+    with open(go, "w") as fifo:
+        fifo.write("go\n")
+
+
+def test_sigterm_under_64_clients_answers_every_accepted_request(tmp_path: Path) -> None:
+    started, go = tmp_path / "started", tmp_path / "go"
+    os.mkfifo(started)
+    os.mkfifo(go)
+    extra = ("--model-control-mode", "explicit", "--load-model", "gated")
+    with run_server(TEST_MODELS, *extra, "--exit-timeout-secs", "60") as s:
+        results: queue.Queue[tuple[int, object]] = queue.Queue()
+        grpc_clients = [grpcclient.InferenceServerClient(s.grpc_url) for _ in range(CLIENTS // 2)]
+        http_client = httpclient.InferenceServerClient(s.http_url, concurrency=CLIENTS // 2)
+        http_pending = []
+        for i, client in enumerate(grpc_clients):
+            client.async_infer(
+                "gated",
+                _inputs(grpcclient, started, go, float(i)),  # type: ignore[arg-type]
+                lambda result, error, i=i: results.put((i, error or result)),
+            )
+        for i in range(CLIENTS // 2, CLIENTS):
+            inputs = _inputs(httpclient, started, go, float(i))
+            http_pending.append((i, http_client.async_infer("gated", inputs)))  # type: ignore[arg-type]
+        # One request executes (held at its "go"), the other 63 wait in the model's queue.
+        wait_pending(s, "gated", CLIENTS - 1)
+        sent = time.monotonic()
+        s.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not (_refused(s.http_port) and _refused(s.grpc_port)):
+            assert time.monotonic() < deadline, "the listeners are still open after SIGTERM"
+        for _ in range(CLIENTS):
+            _release_one(started, go)
+        answers: dict[int, object] = dict(results.get(timeout=60) for _ in range(CLIENTS // 2))
+        for i, pending in http_pending:
+            answers[i] = pending.get_result()
+        assert s.process.wait(timeout=60) == 0
+        took = time.monotonic() - sent
+        for i, answer in sorted(answers.items()):
+            assert not isinstance(answer, Exception), (i, answer)
+            assert answer.as_numpy("OUTPUT0").tolist() == [2.0 * i], i  # type: ignore[attr-defined]
+        assert len(answers) == CLIENTS
+        print(f"{CLIENTS} accepted requests answered after SIGTERM; exited 0 in {took:.2f} s")
+        for client in grpc_clients:
+            client.close()
+        http_client.close()
