@@ -88,3 +88,49 @@ def test_sigterm_under_64_clients_answers_every_accepted_request(tmp_path: Path)
         for client in grpc_clients:
             client.close()
         http_client.close()
+
+
+def test_sigterm_under_64_clients_past_the_exit_timeout_ends_them_with_errors(
+    tmp_path: Path,
+) -> None:
+    """The held requests never finish: at --exit-timeout-secs the server exits anyway and
+    every accepted request gets an error instead of a hang."""
+    started, never = tmp_path / "started", tmp_path / "never"
+    os.mkfifo(started)
+    os.mkfifo(never)
+    timeout_s = 2
+    extra = ("--model-control-mode", "explicit", "--load-model", "gated")
+    with run_server(TEST_MODELS, *extra, "--exit-timeout-secs", str(timeout_s)) as s:
+        results: queue.Queue[tuple[int, object]] = queue.Queue()
+        grpc_clients = [grpcclient.InferenceServerClient(s.grpc_url) for _ in range(CLIENTS // 2)]
+        http_client = httpclient.InferenceServerClient(s.http_url, concurrency=CLIENTS // 2)
+        http_pending = []
+        for i, client in enumerate(grpc_clients):
+            client.async_infer(
+                "gated",
+                _inputs(grpcclient, started, never, float(i)),  # type: ignore[arg-type]
+                lambda result, error, i=i: results.put((i, error or result)),
+            )
+        for i in range(CLIENTS // 2, CLIENTS):
+            inputs = _inputs(httpclient, started, never, float(i))
+            http_pending.append((i, http_client.async_infer("gated", inputs)))  # type: ignore[arg-type]
+        wait_pending(s, "gated", CLIENTS - 1)
+        fd = os.open(started, os.O_RDONLY | os.O_NONBLOCK)  # let the first reach its wait
+        sent = time.monotonic()
+        s.process.send_signal(signal.SIGTERM)
+        code = s.process.wait(timeout=timeout_s + 30)
+        took = time.monotonic() - sent
+        os.close(fd)
+        answers: dict[int, object] = dict(results.get(timeout=30) for _ in range(CLIENTS // 2))
+        for i, pending in http_pending:
+            try:
+                answers[i] = pending.get_result()
+            except Exception as exc:  # the error is what is asserted
+                answers[i] = exc
+        errors = {str(answer)[:120] for answer in answers.values()}
+        print(f"exit code {code} after {took:.2f} s (timeout {timeout_s} s); errors: {errors}")
+        assert all(isinstance(answer, Exception) for answer in answers.values()), errors
+        assert took < timeout_s + 5, f"shutdown took {took:.1f} s"
+        for client in grpc_clients:
+            client.close()
+        http_client.close()
