@@ -91,6 +91,11 @@ class ServerOptions:
     grpc_http2: Limits = field(default_factory=Limits)  # gRPC's HTTP/2 limits and keepalive
 
 
+_ANSWER_GRACE_S = 1.0
+"""After the exit timeout, how long the frontends have to send the errors of the requests
+the unload ended before they close their connections."""
+
+
 class Server:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
@@ -206,12 +211,17 @@ class Server:
             os.close(self.options.ready_fd)
 
     async def shutdown(self) -> None:
-        """1. stop accepting; let in-flight requests finish  2. finalize and stop workers."""
+        """Within one exit timeout: the listeners stop accepting at once and the requests
+        in flight finish; those still running at the timeout end with the unload's error,
+        which the frontends get a short grace to send before they close what is left."""
         timeout = self.options.shutdown_timeout
         log.info("shutting down: waiting up to %g s for in-flight requests", timeout)
         frontends = [f for f in (self._grpc, self._http, self._metrics) if f is not None]
-        await asyncio.gather(*(frontend.stop(timeout) for frontend in frontends))
-        await self.service.shutdown()
+        stops = asyncio.gather(*(f.stop(timeout + _ANSWER_GRACE_S) for f in frontends))
+        try:
+            await self.service.shutdown()
+        finally:
+            await stops
         if self._mps is not None:
             await asyncio.to_thread(self._mps.stop)
             self._mps = None

@@ -65,8 +65,12 @@ class ModelVersion:
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.pool is not None:
-            await self.pool.stop(timeout)
+            await self.pool.stop(max(deadline - time.monotonic(), _FINALIZE_FLOOR_S))
 
+
+_FINALIZE_FLOOR_S = 0.5
+"""What a worker has left to finalize when its requests ran past the deadline: the
+exit timeout bounds the whole stop, not each of its steps."""
 
 UNLOADED = "unloaded"  # the reason of a model unloaded on request (Triton's word)
 
