@@ -28,6 +28,9 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLES, TEST_MODELS, RunningServer, repository_of, run_server
+from dlserve.server.core.host.devices import gpu_count
+
+HAS_GPU = gpu_count() > 0
 
 DOCTOR = (sys.executable, "-m", "dlserve", "doctor", "--json")
 
@@ -152,3 +155,17 @@ def test_no_gpu_when_the_models_need_one_fails_with_its_fix() -> None:
     assert status == 1
     row = rows["GPUs"]
     assert row["result"] == "fail" and "--gpus all" in row["fix"] and "nvidia.com/gpu" in row["fix"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")
+def test_a_gpu_host_passes_the_gpu_checks() -> None:
+    """On a host with a GPU, ``--gpu`` passes: NVML lists it, the CUDA probe (a child
+    process) reads the versions, and another process maps and reads each GPU's memory."""
+    status, rows = doctor("--gpu")
+    assert rows["GPUs"]["result"] == "ok", rows["GPUs"]
+    assert rows["CUDA versions"]["result"] == "ok", rows
+    ipc = [row for name, row in rows.items() if name.startswith("CUDA IPC, GPU ")]
+    assert ipc and all(row["result"] == "ok" for row in ipc), ipc
+    failed = {name: row for name, row in rows.items() if row["result"] == "fail"}
+    assert status == 0 and not failed, failed
