@@ -144,7 +144,7 @@ class GrpcServicer:
 
     async def model_stream_infer(
         self, requests: AsyncIterator[memoryview], context: Any
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | Parts]:
         """Requests run concurrently (up to STREAM_WINDOW); responses leave as they come,
         as Triton sends them: a decoupled model's responses interleave with the others'.
 

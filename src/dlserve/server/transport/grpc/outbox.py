@@ -20,16 +20,19 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from dlserve.server.transport.grpc.calls import Parts
+
 OUTBOX_BYTES: Final = 4 * 1024 * 1024
 FIRST_PRODUCERS: Final = 16  # may start before the first message: a batch's worth
 
 
 class Outbox:
     """A queue of serialized messages bounded by their bytes (one message beyond); ``None``
-    ends the call. Small notices (an error, the end) go in without waiting."""
+    ends the call. A message is bytes or ``Parts`` (its pieces, not joined, and their
+    size). Small notices (an error, the end) go in without waiting."""
 
     def __init__(self, limit: int = OUTBOX_BYTES) -> None:
-        self._items: deque[bytes | None] = deque()
+        self._items: deque[bytes | Parts | None] = deque()
         self._bytes = 0
         self._limit = limit
         self._ready = asyncio.Event()  # something is queued
@@ -39,17 +42,17 @@ class Outbox:
         self._largest = limit // FIRST_PRODUCERS
         self._guess = True
 
-    async def put(self, message: bytes) -> None:
+    async def put(self, message: bytes | Parts) -> None:
         """Queue ``message`` once fewer than ``limit`` bytes wait."""
         while self._bytes >= self._limit:
             self._room.clear()
             await self._room.wait()
         self.put_nowait(message)
 
-    def put_nowait(self, message: bytes | None) -> None:
+    def put_nowait(self, message: bytes | Parts | None) -> None:
         self._items.append(message)
         if message is not None:
-            size = len(message)
+            size = _size(message)
             self._bytes += size
             # a larger message counts at once, smaller ones wear it down by an eighth each
             largest = self._largest
@@ -71,13 +74,17 @@ class Outbox:
         """A producer is done: one waiting in :meth:`admit` looks again."""
         self._room.set()
 
-    async def get(self) -> bytes | None:
+    async def get(self) -> bytes | Parts | None:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
         message = self._items.popleft()
         if message is not None:
-            self._bytes -= len(message)
+            self._bytes -= _size(message)
             if self._bytes < self._limit:
                 self._room.set()
         return message
+
+
+def _size(message: bytes | Parts) -> int:
+    return message[1] if isinstance(message, tuple) else len(message)
