@@ -154,7 +154,9 @@ class GrpcServicer:
         away) cancels its requests: the models see ``is_cancelled()``.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
-        out = Outbox()  # bounded: a slow reader holds the models' sends back
+        # bounded: a slow reader holds the models' sends back; what waits in it counts as
+        # its connection's unsent bytes (the send budget)
+        out = Outbox(holding=context.holding)
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
         end = StreamEnd(out, (GRPC_ERROR_HEADER, "true") in context.invocation_metadata())

@@ -11,6 +11,10 @@ with large responses does not start many that would all wait so, :meth:`Outbox.a
 lets one more start only while what is queued and each running one, counted at the size
 of the largest recent message (a sixteenth of the limit until one is seen: 16 may start
 before the first message), fit the limit (one always may when none runs).
+
+What waits in an outbox is produced and not yet sent: ``holding`` (the call's
+``Context.holding``) tells the connection, whose send budget counts it with the
+responses that wait in its streams' queues (``budget.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ class Outbox:
     ends the call. A message is bytes or ``Parts`` (its pieces, not joined, and their
     size). Small notices (an error, the end) go in without waiting."""
 
-    def __init__(self, limit: int = OUTBOX_BYTES) -> None:
+    def __init__(
+        self, limit: int = OUTBOX_BYTES, holding: Callable[[int], None] | None = None
+    ) -> None:
+        self._holding = holding  # told of the bytes queued as they change (its call's)
         self._items: deque[bytes | Parts | None] = deque()
         self._bytes = 0
         self._limit = limit
@@ -54,6 +61,8 @@ class Outbox:
         if message is not None:
             size = _size(message)
             self._bytes += size
+            if self._holding is not None:
+                self._holding(size)
             # a larger message counts at once, smaller ones wear it down by an eighth each
             largest = self._largest
             self._largest = size if self._guess else max(size, largest - (largest >> 3))
@@ -80,7 +89,10 @@ class Outbox:
             await self._ready.wait()
         message = self._items.popleft()
         if message is not None:
-            self._bytes -= _size(message)
+            size = _size(message)
+            self._bytes -= size
+            if self._holding is not None:
+                self._holding(-size)
             if self._bytes < self._limit:
                 self._room.set()
         return message
