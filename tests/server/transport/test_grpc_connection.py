@@ -26,6 +26,7 @@ from dlserve.server.transport.grpc.calls import (
 from dlserve.server.transport.grpc.inflate import inflate
 from dlserve.server.transport.grpc.limits import GrpcLimits
 from dlserve.server.transport.grpc.listener import GrpcServer
+from dlserve.server.transport.grpc.outbox import Outbox
 from dlserve.server.transport.grpc.rpc import GrpcConnection
 from dlserve.server.transport.grpc.status import RpcError, Status
 from dlserve.server.transport.h2.frames import (
@@ -618,5 +619,44 @@ def test_a_stream_takes_its_next_message_only_while_its_connection_is_within_bud
         connection.data_received(frame(WINDOW_UPDATE, 0, 1, (205).to_bytes(4, "big")))
         await settled()
         assert seen == [1, 2]
+
+    run(scenario)
+
+
+def test_what_a_streams_handler_holds_in_its_outbox_counts_until_the_call_ends() -> None:
+    """Responses made and not yet handed to the stream (ModelStreamInfer's outbox) are
+    unsent bytes of the connection: past its budget, its next call waits; once the stream
+    is reset they no longer count and the call runs."""
+
+    async def scenario() -> None:
+        large, filled = Large(10), asyncio.Event()
+
+        async def hold(
+            requests: AsyncIterator[memoryview], context: Context
+        ) -> AsyncIterator[bytes]:
+            out = Outbox(holding=context.holding)
+            out.put_nowait(b"x" * 60)
+            out.put_nowait(b"y" * 50)
+            filled.set()
+            await asyncio.Event().wait()  # never hands them over
+            yield b""
+
+        limits = GrpcLimits(send_budget=100, send_timeout=60)
+        methods = {"/t.S/Echo": Method(large), "/t.S/Hold": Method(hold, streaming=True)}
+        server = GrpcServer(methods, "127.0.0.1", 0, limits=limits)
+        connection, wire = GrpcConnection(server), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening())
+        connection.data_received(headers(1, request_head(b"/t.S/Hold")))
+        await filled.wait()
+        assert connection.budget.held() == 110
+        call(connection, 3, message(b""))
+        await settled()
+        assert large.begun == []  # 110 bytes held: past the budget of 100
+        connection.data_received(frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big")))
+        await settled()
+        assert connection.budget.held() == 0
+        assert large.begun == [0]
+        assert messages_of(await ended(wire, 3)) == [b"x" * 10]
 
     run(scenario)

@@ -319,16 +319,25 @@ def serialize_infer_response(response: InferResponse) -> bytes:
     return b"".join(infer_response_parts(response)[0])
 
 
+def stream_response_parts(response: InferResponse) -> tuple[list[bytes | memoryview], int]:
+    """A ModelStreamInferResponse carrying ``response``, as pieces (the outputs' data not
+    copied: a response waiting for a slow reader is held once) and their total size."""
+    parts, size = infer_response_parts(response)
+    head = _STREAM_RESPONSE_TAG + encode_varint(size)
+    return [head, *parts], len(head) + size
+
+
 def serialize_stream_response(response: InferResponse) -> bytes:
     """A ModelStreamInferResponse carrying ``response``."""
-    parts, size = infer_response_parts(response)
-    return b"".join((_STREAM_RESPONSE_TAG, encode_varint(size), *parts))
+    return b"".join(stream_response_parts(response)[0])
 
 
 FINAL_RESPONSE: Final = "triton_final_response"  # a response parameter
 
 
-def stream_item(request: InferRequest, item: StreamItem, empty_final: bool) -> bytes | None:
+def stream_item(
+    request: InferRequest, item: StreamItem, empty_final: bool
+) -> bytes | tuple[list[bytes | memoryview], int] | None:
     """One streamed response as a ModelStreamInferResponse, Triton's way: an error in
     ``error_message``; with ``triton_enable_empty_final_response`` every response says
     whether it is the last, and a bare final flag becomes an empty response (without it,
@@ -344,7 +353,7 @@ def stream_item(request: InferRequest, item: StreamItem, empty_final: bool) -> b
         response = dataclasses.replace(
             response, parameters={**response.parameters, FINAL_RESPONSE: item.final}
         )
-    return serialize_stream_response(response)
+    return stream_response_parts(response)
 
 
 def serialize_stream_error(message: str, request_id: str) -> bytes:

@@ -144,7 +144,7 @@ class GrpcServicer:
 
     async def model_stream_infer(
         self, requests: AsyncIterator[memoryview], context: Any
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[bytes | Parts]:
         """Requests run concurrently (up to STREAM_WINDOW); responses leave as they come,
         as Triton sends them: a decoupled model's responses interleave with the others'.
 
@@ -154,7 +154,9 @@ class GrpcServicer:
         away) cancels its requests: the models see ``is_cancelled()``.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
-        out = Outbox()  # bounded: a slow reader holds the models' sends back
+        # bounded: a slow reader holds the models' sends back; what waits in it counts as
+        # its connection's unsent bytes (the send budget)
+        out = Outbox(holding=context.holding)
         tasks: set[asyncio.Task[None]] = set()
         peer = shm.peer_of(context.peer())
         end = StreamEnd(out, (GRPC_ERROR_HEADER, "true") in context.invocation_metadata())

@@ -3,7 +3,9 @@ long it may stay past that: its :class:`SendBudget` (``limits.send_budget``,
 ``limits.send_timeout``), which its ``GrpcConnection`` owns.
 
 What a connection holds unsent is its responses that wait for the client's flow-control
-window (the HTTP/2 streams' queues) and the bytes in the socket's write buffer. A client
+window (the HTTP/2 streams' queues), those its streaming calls' handlers have made and
+not yet handed to their streams (ModelStreamInfer's outboxes: ``pending``) and the bytes
+in the socket's write buffer. A client
 that sends small requests with large outputs and reads nothing would make the server hold
 every output; instead:
 
@@ -56,6 +58,7 @@ class SendBudget:
         "_waiting",
         "_watchdog",
         "paused",
+        "pending",
         "running",
         "streams",
     )  # fmt: skip
@@ -73,6 +76,7 @@ class SendBudget:
         self._guess = True  # no response yet: _largest is a guess
         self._backlog: set[int] = set()  # streams whose responses wait for window
         self.paused = False  # the socket's buffer is past its high-water mark
+        self.pending = 0  # bytes made by handlers, not yet handed to a stream (Context)
         self.running = 0  # unary calls running
         self._waiting = 0  # calls waiting for room
         self._room: asyncio.Event | None = None
@@ -82,7 +86,7 @@ class SendBudget:
     # -- the calls' side ----------------------------------------------------------------
     def admits(self) -> bool:
         """Whether a unary call may run now (the quick check of the usual case)."""
-        if self._backlog or self.paused:
+        if self._backlog or self.paused or self.pending:
             return self._fits(self.held(), self.running)
         return not self.running or (self.running + 1) * self._largest <= self._budget
 
@@ -108,7 +112,7 @@ class SendBudget:
 
     def stream_waits(self) -> bool:
         """Whether a stream must wait before it takes its next message."""
-        return bool(self._backlog or self.paused) and self.held() > self._budget
+        return bool(self._backlog or self.paused or self.pending) and self.held() > self._budget
 
     def sent(self, stream_id: int, size: int) -> None:
         """A response of ``size`` bytes was handed to the stream; it may wait there."""
@@ -124,8 +128,9 @@ class SendBudget:
 
     # -- what moves it ----------------------------------------------------------------
     def held(self) -> int:
-        """Bytes held unsent: the waiting responses and the socket's buffer."""
-        held = self._buffered()
+        """Bytes held unsent: the waiting responses (in the streams' queues, and those not
+        yet handed to them) and the socket's buffer."""
+        held = self._buffered() + self.pending
         for stream_id in list(self._backlog):
             stream = self.streams.get(stream_id)
             if stream is None or not stream.queued:

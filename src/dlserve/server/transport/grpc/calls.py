@@ -51,7 +51,7 @@ class Method:
 class Context:
     """What a handler may ask about its call (the part of grpc.aio's context it needs)."""
 
-    __slots__ = ("_budget", "_headers", "_peer", "_peer_pid", "opened_ns", "trace")
+    __slots__ = ("_budget", "_headers", "_peer", "_peer_pid", "_pending", "opened_ns", "trace")
 
     def __init__(
         self, peer: str, headers: Headers, peer_pid: int | None, budget: SendBudget | None = None
@@ -60,6 +60,7 @@ class Context:
         self._headers = headers
         self._peer_pid = peer_pid
         self._budget = budget  # the connection's (budget.py): a stream's work counts there
+        self._pending = 0  # of the budget's ``pending``: this call's (-1: the call ended)
         self.opened_ns = 0  # when the call opened; taken only while tracing is on
         self.trace: Traced | None = None  # the call's trace: its sending is stamped
 
@@ -96,6 +97,20 @@ class Context:
         if self._budget is not None:
             self._budget.running -= 1
             self._budget.moved()
+
+    def holding(self, size: int) -> None:
+        """The handler holds ``size`` more bytes of responses (fewer, when negative) that
+        it has not yet handed to the call (its outbox): they count as the connection's
+        unsent bytes until they are handed over or the call ends."""
+        if self._budget is not None and self._pending >= 0:
+            self._pending += size
+            self._budget.pending += size
+
+    def release(self) -> None:
+        """The call ended: what its handler held no longer counts (nor will from now)."""
+        if self._budget is not None and self._pending > 0:
+            self._budget.pending -= self._pending
+        self._pending = -1
 
 
 class Call:

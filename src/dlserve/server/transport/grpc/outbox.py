@@ -11,6 +11,10 @@ with large responses does not start many that would all wait so, :meth:`Outbox.a
 lets one more start only while what is queued and each running one, counted at the size
 of the largest recent message (a sixteenth of the limit until one is seen: 16 may start
 before the first message), fit the limit (one always may when none runs).
+
+What waits in an outbox is produced and not yet sent: ``holding`` (the call's
+``Context.holding``) tells the connection, whose send budget counts it with the
+responses that wait in its streams' queues (``budget.py``).
 """
 
 from __future__ import annotations
@@ -20,16 +24,22 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from dlserve.server.transport.grpc.calls import Parts
+
 OUTBOX_BYTES: Final = 4 * 1024 * 1024
 FIRST_PRODUCERS: Final = 16  # may start before the first message: a batch's worth
 
 
 class Outbox:
     """A queue of serialized messages bounded by their bytes (one message beyond); ``None``
-    ends the call. Small notices (an error, the end) go in without waiting."""
+    ends the call. A message is bytes or ``Parts`` (its pieces, not joined, and their
+    size). Small notices (an error, the end) go in without waiting."""
 
-    def __init__(self, limit: int = OUTBOX_BYTES) -> None:
-        self._items: deque[bytes | None] = deque()
+    def __init__(
+        self, limit: int = OUTBOX_BYTES, holding: Callable[[int], None] | None = None
+    ) -> None:
+        self._holding = holding  # told of the bytes queued as they change (its call's)
+        self._items: deque[bytes | Parts | None] = deque()
         self._bytes = 0
         self._limit = limit
         self._ready = asyncio.Event()  # something is queued
@@ -39,18 +49,20 @@ class Outbox:
         self._largest = limit // FIRST_PRODUCERS
         self._guess = True
 
-    async def put(self, message: bytes) -> None:
+    async def put(self, message: bytes | Parts) -> None:
         """Queue ``message`` once fewer than ``limit`` bytes wait."""
         while self._bytes >= self._limit:
             self._room.clear()
             await self._room.wait()
         self.put_nowait(message)
 
-    def put_nowait(self, message: bytes | None) -> None:
+    def put_nowait(self, message: bytes | Parts | None) -> None:
         self._items.append(message)
         if message is not None:
-            size = len(message)
+            size = _size(message)
             self._bytes += size
+            if self._holding is not None:
+                self._holding(size)
             # a larger message counts at once, smaller ones wear it down by an eighth each
             largest = self._largest
             self._largest = size if self._guess else max(size, largest - (largest >> 3))
@@ -71,13 +83,20 @@ class Outbox:
         """A producer is done: one waiting in :meth:`admit` looks again."""
         self._room.set()
 
-    async def get(self) -> bytes | None:
+    async def get(self) -> bytes | Parts | None:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
         message = self._items.popleft()
         if message is not None:
-            self._bytes -= len(message)
+            size = _size(message)
+            self._bytes -= size
+            if self._holding is not None:
+                self._holding(-size)
             if self._bytes < self._limit:
                 self._room.set()
         return message
+
+
+def _size(message: bytes | Parts) -> int:
+    return message[1] if isinstance(message, tuple) else len(message)

@@ -379,6 +379,7 @@ class GrpcConnection(Connection):
         # and so the call: the call must not keep the task, or the cycle (and the messages
         # its frames hold) waits for the garbage collector
         call.task = None
+        call.context.release()
         if call.deadline is not None:
             call.deadline.cancel()
         if not call.remote_ended:
@@ -391,6 +392,7 @@ class GrpcConnection(Connection):
 
     def _cancel(self, call: Call) -> None:
         call.inbox.clear()  # what the client sent and the handler never took: gone now
+        call.context.release()
         if call.deadline is not None:
             call.deadline.cancel()
         task, call.task = call.task, None  # no cycle through the task's exception (_done)
