@@ -42,7 +42,7 @@ OPTIONS = (
     "--grpc-connection-send-budget", str(SEND_BUDGET),
     "--grpc-send-timeout", str(SEND_TIMEOUT_S),
 )  # fmt: skip
-OUTPUT = 4 << 20  # what one request to ``expand`` makes the server produce
+OUTPUT = 4 << 20  # what one request to ``sized_output`` makes the server produce
 SLACK = 16 << 20  # what else moves while a test measures (allocator, buffers in flight)
 
 INTERNAL, UNIMPLEMENTED = grpc.StatusCode.INTERNAL.value[0], grpc.StatusCode.UNIMPLEMENTED.value[0]
@@ -55,7 +55,7 @@ NO_ENCODING = "a compressed message on a call without grpc-encoding"
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("repository")
-    return repository_of(root, EXAMPLES / "identity_fp32", TEST_MODELS / "expand")
+    return repository_of(root, EXAMPLES / "identity_fp32", TEST_MODELS / "sized_output")
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +115,11 @@ def identity_request(model: str = "identity_fp32") -> bytes:
     ).SerializeToString()
 
 
-def expand_request(size: int = OUTPUT) -> bytes:
+def sized_request(size: int = OUTPUT) -> bytes:
     tensor = pb.ModelInferRequest.InferInputTensor(name="SIZE", datatype="INT64", shape=[1])
     data = np.array([size], np.int64).tobytes()
     return pb.ModelInferRequest(
-        model_name="expand", inputs=[tensor], raw_input_contents=[data]
+        model_name="sized_output", inputs=[tensor], raw_input_contents=[data]
     ).SerializeToString()
 
 
@@ -287,7 +287,7 @@ def _never_read(server: RunningServer, streaming: bool) -> bool:
     """100 requests of 36 bytes for 4 MiB each on a connection that gives no window
     (unary: a call each; streaming: STREAMS streams of them); whether the server drops
     the connection within the send timeout (and some)."""
-    request = message(expand_request())
+    request = message(sized_request())
     slow = RawGrpc(server.grpc_url, window=0)
     try:
         if streaming:
