@@ -117,6 +117,15 @@ def test_final_flag_before_any_response_is_refused(infer: Infer) -> None:
     assert FINAL_FIRST in error.message()
 
 
+def test_final_flag_refused_in_execute_then_none_returned_ends_with_tritons_message(
+    infer: Infer,
+) -> None:
+    """The model catches the refusal and returns None: nothing will answer the request, and
+    its error says why (not a wait for the sender to be collected)."""
+    error = failure(lambda: infer("final_first_caught"))
+    assert FINAL_FIRST in error.message()
+
+
 def test_second_response_is_refused_and_the_first_stands(infer: Infer, tmp_path: Path) -> None:
     note = tmp_path / "note"
     assert infer("twice", 5, note=str(note)) == 51  # the exception ended execute

@@ -82,6 +82,7 @@ class Answer:
         "execute",
         "item",
         "lock",
+        "refusal",
         "response",
         "returned",
         "route",
@@ -97,6 +98,7 @@ class Answer:
         self.response: pb_utils.InferenceResponse | None = None  # sent before the return
         self.returned = False  # execute has returned: a response goes out when sent
         self.done = False  # answered (or its response held until the return)
+        self.refusal: TritonModelException | None = None  # a send refused before the return
         self.sender: weakref.ref[pb_utils.InferenceResponseSender] | None = None
 
     def emit(self, response: pb_utils.InferenceResponse | None, flags: int) -> None:
@@ -114,7 +116,12 @@ class Answer:
         self.answers.deliver(self, response, time.monotonic_ns())
 
     def refused(self, error: TritonModelException) -> None:
-        """A send the rules refused: after the return, nothing else would answer it."""
+        """A send the rules refused: after the return, nothing else would answer it; before
+        it, the request ends with it at the return unless a response was sent."""
+        with self.lock:
+            if not self.returned:  # a copy: the raised one's traceback holds the model's frames
+                self.refusal = TritonModelException(error.message())
+                return
         self._end(error)
 
     def abandoned(self) -> None:
@@ -132,18 +139,21 @@ class Answer:
             sender._close()
         self.answers.fail(self, error)
 
-    def at_return(self) -> pb_utils.InferenceResponse | Deferred | None:
+    def at_return(self) -> pb_utils.InferenceResponse | Deferred | TritonModelException | None:
         """``execute`` returned None in this request's place: the response sent before,
-        LATER when the model may still send it, None when nothing will answer it."""
+        the refusal of a send before it (and nothing sent), LATER when the model may still
+        send it, None when nothing will answer it."""
         with self.lock:
             self.returned = self.execute.returned = True
             if self.done:
                 return self.response
             sender = self.sender() if self.sender is not None else None
-            if sender is not None and not sender.closed:
+            if self.refusal is None and sender is not None and not sender.closed:
                 return Deferred.LATER
             self.done = True
-            return None
+        if sender is not None:
+            sender._close()
+        return self.refusal
 
 
 class Answers:
@@ -256,6 +266,8 @@ class Answers:
         if outcome is None:
             raise TritonError(self.not_answered("execute returned None in its place and its "
                                                 "response sender sent nothing"))  # fmt: skip
+        if isinstance(outcome, TritonModelException):
+            raise outcome
         return outcome
 
     def _forget(self, rid: int) -> Answer | None:

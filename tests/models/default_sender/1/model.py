@@ -63,6 +63,12 @@ class TritonPythonModel:
             sender.send(response(request, 1))
         elif mode == "final_first":
             sender.send(flags=FINAL)
+        elif mode == "final_first_caught":
+            try:
+                sender.send(flags=FINAL)
+            except pb_utils.TritonModelException:
+                pass  # the model carries on, and returns None in the request's place
+            return None
         elif mode == "twice":
             sender.send(response(request, 1))
             noted(params, lambda: sender.send(response(request, 2), flags=FINAL))
