@@ -41,9 +41,11 @@ def _grpc_client(url: str) -> grpcclient.InferenceServerClient:
 
 
 def _refused(port: int) -> bool:
+    """Whether a new connection is refused; one reset is refused too (it reached the
+    listener's backlog as the listener closed)."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
     return False
 

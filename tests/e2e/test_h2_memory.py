@@ -93,5 +93,5 @@ def test_a_stream_that_sends_past_its_window_and_never_reads_leaves_nothing(
             assert code == FLOW_CONTROL_ERROR
         after.append(_settles(server, baseline + RSS_SLACK))
     seen = [rss / MIB for rss in (baseline, *after)]
-    assert after[0] <= baseline + RSS_SLACK, seen
-    assert max(after[1:]) <= after[0] * 1.1, seen  # flat
+    assert max(after) <= baseline + RSS_SLACK, seen
+    assert after[-1] <= after[1] * 1.1, seen  # flat once warm: the allocator's pools made
