@@ -78,6 +78,8 @@ def openapi_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
         yield server
 
 
+REQUEST_TIMEOUT_S = 60
+
 # Loaded at collection: one test per operation (the server's address is given per call).
 schema = schemathesis.openapi.from_path(DOCUMENT, config=SchemathesisConfig.from_dict(CONFIG))
 
@@ -88,4 +90,5 @@ schema = schemathesis.openapi.from_path(DOCUMENT, config=SchemathesisConfig.from
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )  # fmt: skip
 def test_the_server_does_what_its_document_says(case: Any, openapi_server: RunningServer) -> None:
-    case.call_and_validate(base_url=f"http://{openapi_server.http_url}")
+    # a model's load starts a worker process: seconds on a loaded 2-core machine
+    case.call_and_validate(base_url=f"http://{openapi_server.http_url}", timeout=REQUEST_TIMEOUT_S)
