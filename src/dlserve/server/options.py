@@ -378,28 +378,25 @@ def _byte_count(text: str) -> int:
 def _grpc_limit_options(group: Any) -> None:
     from dlserve.server.transport.grpc import limits
 
-    group.add_argument(
-        "--grpc-max-message-size", type=_byte_count, default=limits.MAX_MESSAGE,
-        metavar="BYTES", help="largest gRPC request message accepted as received; larger "
-        f"is RESOURCE_EXHAUSTED (default {limits.MAX_MESSAGE}, Triton's)",
+    options = (
+        ("--grpc-max-message-size", _byte_count, limits.MAX_MESSAGE, "BYTES",
+         "largest gRPC request message accepted as received; larger is RESOURCE_EXHAUSTED",
+         ", Triton's"),
+        ("--grpc-max-decompressed-size", _byte_count, limits.MAX_INFLATED, "BYTES",
+         "largest a gzip or deflate request message may inflate to; larger is "
+         "RESOURCE_EXHAUSTED", ""),
+        ("--grpc-infer-max-fields", _byte_count, 4096, "COUNT",
+         "most top-level fields a ModelInferRequest may have (its inputs, outputs, raw "
+         "contents and parameters together); more is INVALID_ARGUMENT", ""),
+        ("--grpc-connection-send-budget", _byte_count, limits.SEND_BUDGET, "BYTES",
+         "responses one connection may leave unsent before its further calls wait", ""),
+        ("--grpc-send-timeout", _seconds, limits.SEND_TIMEOUT_S, "SECONDS",
+         "a connection whose responses wait while nothing moves for this long is closed "
+         "and its calls cancelled", ""),
     )  # fmt: skip
-    group.add_argument(
-        "--grpc-max-decompressed-size", type=_byte_count, default=limits.MAX_INFLATED,
-        metavar="BYTES", help="largest a gzip or deflate request message may inflate to; "
-        f"larger is RESOURCE_EXHAUSTED (default {limits.MAX_INFLATED})",
-    )  # fmt: skip
-    group.add_argument(
-        "--grpc-infer-max-fields", type=_byte_count, default=4096, metavar="COUNT",
-        help="most top-level fields a ModelInferRequest may have (its inputs, outputs, raw "
-        "contents and parameters together); more is INVALID_ARGUMENT (default 4096)",
-    )  # fmt: skip
-    group.add_argument(
-        "--grpc-connection-send-budget", type=_byte_count, default=limits.SEND_BUDGET,
-        metavar="BYTES", help="responses one connection may leave unsent before its further "
-        f"calls wait (default {limits.SEND_BUDGET})",
-    )  # fmt: skip
-    group.add_argument(
-        "--grpc-send-timeout", type=_seconds, default=limits.SEND_TIMEOUT_S,
-        metavar="SECONDS", help="a connection whose responses wait while nothing moves for "
-        f"this long is closed and its calls cancelled (default {limits.SEND_TIMEOUT_S:g})",
-    )  # fmt: skip
+    for flag, kind, default, unit, text, source in options:
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        group.add_argument(
+            flag, type=kind, default=default, metavar=unit,
+            help=f"{text} (default {shown}{source})",
+        )  # fmt: skip
