@@ -1,6 +1,8 @@
-"""Polling: ``--busy-poll-us`` (workers and the server poll instead of sleeping) and
-``--reply-poll-us`` (the server polls a while for a reply, on by default; 0 turns it off):
-answers stay right either way, and a bad value is refused."""
+"""Polling: ``--busy-poll-us`` (workers and the server poll instead of sleeping),
+``--reply-poll-us`` (the server polls a while for a reply) and ``--request-poll-us`` (a
+worker polls a while for its next request), the last two on by default and 0 turning them
+off: answers stay right either way, the workers get the time they are to poll, and a bad
+value is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -16,8 +19,10 @@ from conftest import EXAMPLES, run_server
 
 @pytest.mark.parametrize(
     "flags",
-    [("--busy-poll-us", "300"), ("--reply-poll-us", "0"), ("--reply-poll-us", "50")],
-    ids=["busy-poll", "no-reply-poll", "short-reply-poll"],
+    [("--busy-poll-us", "300"), ("--reply-poll-us", "0"), ("--reply-poll-us", "50"),
+     ("--request-poll-us", "0"), ("--request-poll-us", "50")],
+    ids=["busy-poll", "no-reply-poll", "short-reply-poll", "no-request-poll",
+         "short-request-poll"],
 )
 def test_a_polling_server_answers_correctly(flags: tuple[str, str]) -> None:
     with run_server(EXAMPLES, *flags) as server:
@@ -35,7 +40,27 @@ def test_a_polling_server_answers_correctly(flags: tuple[str, str]) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("flag", ["--busy-poll-us", "--reply-poll-us"])
+@pytest.mark.parametrize(
+    ("flags", "polled"),
+    [((), "2000"), (("--request-poll-us", "0"), "0"),
+     (("--request-poll-us", "700", "--busy-poll-us", "300"), "700"),
+     (("--request-poll-us", "700", "--busy-poll-us", "3000"), "3000")],
+    ids=["default", "off", "request-poll", "busy-poll-longer"],
+)
+def test_workers_poll_for_requests_as_long_as_the_options_say(
+    flags: tuple[str, ...], polled: str
+) -> None:
+    """The longer of --request-poll-us and --busy-poll-us reaches each worker process."""
+    with run_server(EXAMPLES, "--load-model", "add_sub", "--model-control-mode", "explicit",
+                    *flags) as server:  # fmt: skip
+        workers = [p.cmdline() for p in psutil.Process(server.process.pid).children()
+                   if "dlserve.worker.main" in p.cmdline()]  # fmt: skip
+        assert workers
+        for command in workers:
+            assert command[command.index("--poll-us") + 1] == polled
+
+
+@pytest.mark.parametrize("flag", ["--busy-poll-us", "--reply-poll-us", "--request-poll-us"])
 def test_a_negative_polling_time_is_refused(flag: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dlserve", "serve", "--model-repository", str(EXAMPLES), flag, "-1"],

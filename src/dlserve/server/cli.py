@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         log_levels=(args.log_info, args.log_warning, args.log_error),
         log_file=os.path.abspath(args.log_file) if args.log_file else "",
         **({} if args.reply_poll_us is None else {"reply_poll_us": args.reply_poll_us}),
+        **({} if args.request_poll_us is None else {"request_poll_us": args.request_poll_us}),
         grpc_uds=os.path.abspath(args.grpc_uds) if args.grpc_uds else None,
         shm_idle_timeout=args.shm_idle_timeout,
         mps=args.mps,

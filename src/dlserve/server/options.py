@@ -261,6 +261,11 @@ def _tuning_options(group: Any) -> None:
         "before it sleeps, yielding the CPU to anyone runnable (default 2000; 0: off)",
     )  # fmt: skip
     group.add_argument(
+        "--request-poll-us", type=_microseconds, metavar="US",
+        help="a worker polls this long for its next request before it sleeps, yielding the "
+        "CPU to anyone runnable (default 2000; 0: off)",
+    )  # fmt: skip
+    group.add_argument(
         "--bls-direct", type=_flag, default=True, metavar="BOOL",
         help="BLS calls to plain models go from the caller's worker straight to the callee's, "
         "not through the server (false: every call through the server)",

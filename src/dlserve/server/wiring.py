@@ -17,7 +17,7 @@ from typing import Any
 from dlserve.errors import FatalError
 from dlserve.server.core.cache.cache_config import CacheSettings
 from dlserve.server.core.host.mps import MpsDaemon
-from dlserve.server.core.models.manager import REPLY_POLL_US, ManagerOptions
+from dlserve.server.core.models.manager import REPLY_POLL_US, REQUEST_POLL_US, ManagerOptions
 from dlserve.server.core.models.repository import Repository
 from dlserve.server.core.service import InferenceService, ServiceOptions
 from dlserve.server.core.shm.owners import OwnerOptions
@@ -70,6 +70,7 @@ class ServerOptions:
     allow_client_shm: AllowClientShm = "local"  # who may register shared memory
     busy_poll_us: int = 0  # poll instead of sleeping between requests (workers and server)
     reply_poll_us: int = REPLY_POLL_US  # the server polls this long for a worker's reply
+    request_poll_us: int = REQUEST_POLL_US  # a worker polls this long for its next request
     grpc_uds: str | None = None  # gRPC also listens on this Unix socket path
     shm_idle_timeout: float | None = None  # unregister regions unused for this long
     mps: bool = False  # start a private NVIDIA MPS daemon for the workers
@@ -108,6 +109,7 @@ class Server:
                 in_process=options.in_process_workers,
                 busy_poll_us=options.busy_poll_us,
                 reply_poll_us=options.reply_poll_us,
+                request_poll_us=options.request_poll_us,
                 stop_timeout=options.shutdown_timeout,
                 auto_complete=options.auto_complete,
             ),

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-arena-fd", type=int, required=True)
     parser.add_argument("--output-arena-fd", type=int, required=True)
     parser.add_argument("--fd-socket", type=int, default=-1, help="descriptors from the server")
-    parser.add_argument("--busy-poll-us", type=int, default=0)
+    parser.add_argument("--poll-us", type=int, default=0, help="poll for a frame before sleeping")
     args = parser.parse_args(argv)
     # The model sees the command line Triton's stub gives it (its embedded interpreter has
     # none): argparse or unittest.main() in a model must not find the worker's options.
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     install_pb_utils()
     heap.keep_large_buffers()  # a model's large outputs reuse their pages request to request
     sock = socket.socket(fileno=args.fd)
-    spin_ns = args.busy_poll_us * 1000
+    spin_ns = args.poll_us * 1000
     channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_ns)
     fd_socket = socket.socket(fileno=args.fd_socket) if args.fd_socket >= 0 else None
     arenas = (

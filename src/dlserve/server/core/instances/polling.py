@@ -1,5 +1,6 @@
 """Polling instead of sleeping, in the server's loop (for workers' replies) and in the
-workers (for their next frame): ``--reply-poll-us`` and ``--busy-poll-us``.
+workers (for their next frame): ``--reply-poll-us``, ``--request-poll-us`` and
+``--busy-poll-us``.
 
 Waking a sleeping process costs more than a small request's own work; docs/architecture.md
 (Decisions) says why these are the defaults, the performance page has the numbers.
@@ -15,25 +16,37 @@ from collections.abc import Sized
 
 _busy_poll_us = 0
 REPLY_POLL_US = 2000
+REQUEST_POLL_US = 2000
 _reply_poll_s = REPLY_POLL_US / 1e6
+_request_poll_us = REQUEST_POLL_US
 
 
-def set_busy_poll(microseconds: int, reply_poll_us: int = REPLY_POLL_US) -> None:
+def set_busy_poll(
+    microseconds: int, reply_poll_us: int = REPLY_POLL_US, request_poll_us: int = REQUEST_POLL_US
+) -> None:
     """Trade CPU for latency. ``microseconds`` (``--busy-poll-us``): workers started from
     now on poll for their next frame this long before sleeping, and while requests are in
     flight the server's loop polls for replies instead of sleeping. ``reply_poll_us``
     (``--reply-poll-us``): without that, the server's loop still polls for a reply this
-    long after it sends a request, then sleeps. Waking a sleeping process costs more than a
-    small request's own work."""
-    global _busy_poll_us, _reply_poll_s
-    if microseconds < 0 or reply_poll_us < 0:
+    long after it sends a request, then sleeps. ``request_poll_us``
+    (``--request-poll-us``): workers started from now on poll for their next frame at
+    least this long before sleeping. Waking a sleeping process costs more than a small
+    request's own work."""
+    global _busy_poll_us, _reply_poll_s, _request_poll_us
+    if min(microseconds, reply_poll_us, request_poll_us) < 0:
         raise ValueError("polling time must be >= 0 microseconds")
     _busy_poll_us = microseconds
     _reply_poll_s = reply_poll_us / 1e6
+    _request_poll_us = request_poll_us
 
 
 def busy_poll_us() -> int:
     return _busy_poll_us
+
+
+def worker_poll_us() -> int:
+    """How long a worker polls for its next frame before it sleeps."""
+    return max(_busy_poll_us, _request_poll_us)
 
 
 class _Spinner:

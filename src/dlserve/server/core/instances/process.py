@@ -32,7 +32,7 @@ class ProcessLauncher:
         assert in_fd is not None and out_fd is not None
         options = ["--fd", str(channel.fileno()), "--input-arena-fd", str(in_fd),
                    "--output-arena-fd", str(out_fd), "--fd-socket", str(descriptors.fileno()),
-                   "--busy-poll-us", str(polling.busy_poll_us())]  # fmt: skip
+                   "--poll-us", str(polling.worker_poll_us())]  # fmt: skip
         if self.exec_env is None:
             command = [sys.executable, "-m", "dlserve.worker.main", *options]
         else:

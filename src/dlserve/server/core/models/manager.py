@@ -48,6 +48,7 @@ log = logging.getLogger("dlserve.models")
 
 
 REPLY_POLL_US = polling.REPLY_POLL_US
+REQUEST_POLL_US = polling.REQUEST_POLL_US
 
 
 @dataclass(slots=True)
@@ -55,6 +56,7 @@ class ManagerOptions:
     in_process: bool = False
     busy_poll_us: int = 0  # workers poll for requests this long before sleeping
     reply_poll_us: int = REPLY_POLL_US  # the server polls for a worker's reply this long
+    request_poll_us: int = REQUEST_POLL_US  # a worker polls for its next request this long
     load_timeout: float = 300.0
     stop_timeout: float = 30.0
     auto_complete: bool = True  # call the models' auto_complete_config (Triton's default)
@@ -72,7 +74,7 @@ class ModelManager:
         self.repository = repository
         self.cache = cache  # the server's response cache (--cache-config), if any
         self.options = options
-        polling.set_busy_poll(options.busy_poll_us, options.reply_poll_us)
+        polling.set_busy_poll(options.busy_poll_us, options.reply_poll_us, options.request_poll_us)
         self.custom = custom
         self.calls = calls  # where workers' BLS calls go
         self.models: dict[str, ModelEntry] = {}
