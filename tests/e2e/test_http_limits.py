@@ -354,11 +354,6 @@ def test_a_large_response_leaves_a_slow_reader_in_slices(edge: RunningServer) ->
     assert 0 < received < LARGE_OUTPUT
 
 
-@pytest.mark.xfail(
-    reason="the core copies a worker's output out of its arena in one piece on the event "
-    "loop (core/instances/replies.py, ReplyReader.read): 256 MiB hold it about 0.4 s",
-    strict=False,
-)
 def test_a_large_response_made_and_sent_to_a_slow_reader(edge: RunningServer) -> None:
     """The same, watched from the request on: the output's making included."""
     with (

@@ -1,6 +1,7 @@
 """Frames over a real socketpair: every size, split anywhere, in both channel kinds; a
 frame that cannot be read is reported with what could be read of it, and the frames after
-it are read as usual; a frame that cannot be encoded is not written at all."""
+it are read as usual; a frame that cannot be encoded is not written at all. The async
+channel receives a frame larger than its buffer into a buffer of its own."""
 
 from __future__ import annotations
 
@@ -243,6 +244,52 @@ def test_async_channel_reports_an_unreadable_frame_and_reads_on() -> None:
     assert rids == [1, 3] and not lost
     assert [(b.kind, b.ident, bytes(b.payload)) for b in bad] == [(m.BlsCall, 9, b"in"),
                                                                   (None, None, b"")]  # fmt: skip
+
+
+def test_async_channel_reads_large_frames_among_small_ones() -> None:
+    """Frames larger than the receive buffer (256 KiB), readable or not, arrive whole
+    between small ones, all sent in one stream: the frame after a large one is read from
+    its first byte."""
+    large = [3 << 20, (1 << 20) + 1, 300_000]
+
+    def payload(size: int, seed: int) -> bytes:
+        return (bytes(range(seed, 251)) + bytes(range(seed))) * (size // 251) + b"e" * (size % 251)
+
+    async def main() -> tuple[list[tuple[int, bytes]], list[codec.UnreadableFrame]]:
+        ours, theirs = socket.socketpair()
+        received: list[tuple[int, bytes]] = []
+        bad: list[codec.UnreadableFrame] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on_frame(msg: m.WorkerToServer, data: memoryview) -> None:
+            assert isinstance(msg, m.InferDone)
+            received.append((msg.rid, bytes(data)))
+            if msg.rid == 9:
+                done.set_result(None)
+
+        loop = asyncio.get_running_loop()
+        await loop.create_unix_connection(
+            lambda: AsyncChannel(codec.to_server, on_frame, lambda exc: None, bad.append),
+            sock=ours,
+        )
+        frames = [
+            [codec.encode(m.InferDone(rid), [payload(size, rid)])
+             for rid, size in enumerate([7, large[0], 10, large[1], large[1]])],
+            [[_raw_frame(b"\xc1", payload(large[2], 5))]],  # unreadable
+            [codec.encode(m.InferDone(rid), [payload(size, rid)])
+             for rid, size in [(6, large[2]), (9, 0)]],
+        ]  # fmt: skip
+        stream = b"".join(bytes(p) for group in frames for frame in group for p in frame)
+        theirs.setblocking(False)
+        await loop.sock_sendall(theirs, stream)
+        await asyncio.wait_for(done, 30)
+        theirs.close()
+        return received, bad
+
+    received, bad = asyncio.run(main())
+    sizes = [(0, 7), (1, large[0]), (2, 10), (3, large[1]), (4, large[1]), (6, large[2]), (9, 0)]
+    assert received == [(rid, payload(size, rid)) for rid, size in sizes]
+    assert [(b.kind, bytes(b.payload)) for b in bad] == [(None, payload(large[2], 5))]
 
 
 def test_a_frame_that_cannot_be_encoded_is_not_written() -> None:

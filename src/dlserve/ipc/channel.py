@@ -11,6 +11,7 @@ partly written (``codec.UnencodableFrame``, raised before any byte is sent).
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import socket
 import time
@@ -175,7 +176,13 @@ class BlockingChannel(Generic[T]):
 
 class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
     """Server-side protocol: parses frames and hands each to ``on_frame``, or one whose
-    header cannot be read to ``on_unreadable``."""
+    header cannot be read to ``on_unreadable``.
+
+    A frame larger than the receive buffer is received into a buffer of its own (anonymous
+    memory, its pages untouched until the kernel writes them), its payload a view of it: on
+    the event loop, growing the receive buffer to 1 GiB and copying the payload out of it
+    would hold every other client for most of a second, and keep the memory for good.
+    """
 
     def __init__(
         self,
@@ -192,17 +199,26 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
         self._buf = bytearray(256 * 1024)
         self._start = 0  # first unparsed byte
         self._end = 0  # end of received data
+        self._large: memoryview | None = None  # a large frame's own buffer, while it comes
+        self._large_end = 0  # end of what has come of it
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.WriteTransport, transport)  # uvloop's is no subclass
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._large is not None:  # no more than the frame: what follows is another's
+            return self._large[self._large_end :]
         if self._end == len(self._buf):
             self._make_room(max(sizehint, 65536))
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._large is not None:
+            self._large_end += nbytes
+            if self._large_end == len(self._large):
+                self._large_received()
+            return
         self._end += nbytes
         self._parse()
 
@@ -218,7 +234,7 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
             frame_end = self._start + codec.PREFIX_SIZE + header_len + payload_len
             if frame_end > self._end:
                 if frame_end - self._start > len(buf):
-                    self._make_room(frame_end - self._start)
+                    self._receive_large(frame_end - self._start)
                 return
             head = self._start + codec.PREFIX_SIZE
             # the payload is copied out so the receive buffer can be reused at once
@@ -233,6 +249,30 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
             self._on_frame(message, payload)
         if self._start == self._end:
             self._start = self._end = 0
+
+    def _receive_large(self, size: int) -> None:
+        """The frame that begins at ``_start`` (``size`` bytes) is received into a buffer
+        of its own; the receive buffer, empty, waits for the frames after it."""
+        large = memoryview(mmap.mmap(-1, size))
+        got = self._end - self._start
+        large[:got] = memoryview(self._buf)[self._start : self._end]
+        self._start = self._end = 0
+        self._large, self._large_end = large, got
+
+    def _large_received(self) -> None:
+        large = self._large
+        assert large is not None
+        self._large = None
+        head = codec.PREFIX_SIZE
+        end = head + codec.PREFIX.unpack_from(large)[0]
+        payload = large[end:]  # a view: the frame's buffer is its own
+        try:
+            message = self._decoder.decode(large[head:end])
+        except codec.UnreadableFrame as exc:
+            exc.payload = payload
+            self._on_unreadable(exc)
+            return
+        self._on_frame(message, payload)
 
     def _make_room(self, needed: int) -> None:
         pending = self._buf[self._start : self._end]

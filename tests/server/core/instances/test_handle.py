@@ -21,8 +21,9 @@ from dlserve.server.core.instances.thread import ThreadLauncher
 from dlserve.types import InputTensor
 
 BIG = 100_000  # floats: 400 KB, more than goes inline in a frame
+LARGE = 16 * 1024 * 1024  # floats: 64 MiB, more than is copied out on the event loop
 
-MODEL = f"""
+MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -36,7 +37,7 @@ class TritonPythonModel:
                 error = pb_utils.TritonError("negative input")
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue
-            big = np.full({BIG}, x[0], dtype=np.float32)
+            big = np.full({big}, x[0], dtype=np.float32)
             outputs = [pb_utils.Tensor("SMALL", x * 2), pb_utils.Tensor("BIG", big)]
             responses.append(pb_utils.InferenceResponse(outputs))
         return responses
@@ -47,13 +48,13 @@ def _tensor(name: str, dims: list[int]) -> dict[str, typing.Any]:
     return {"name": name, "data_type": "TYPE_FP32", "dims": dims}
 
 
-def _load(root: Path) -> m.Load:
+def _load(root: Path, big: int = BIG) -> m.Load:
     version = root / "two_sizes" / "1"
     version.mkdir(parents=True)
-    (version / "model.py").write_text(MODEL)
+    (version / "model.py").write_text(MODEL.format(big=big))
     config = {"name": "two_sizes", "backend": "python", "max_batch_size": 0,
               "input": [_tensor("X", [1])],
-              "output": [_tensor("SMALL", [1]), _tensor("BIG", [BIG])]}  # fmt: skip
+              "output": [_tensor("SMALL", [1]), _tensor("BIG", [big])]}  # fmt: skip
     model_file = str(version / "model.py")
     return m.Load("two_sizes", 1, str(root), str(root / "two_sizes"), model_file,
                   json.dumps(config), "two_sizes_0", "CPU", 0)  # fmt: skip
@@ -96,6 +97,32 @@ def test_a_reply_reaches_its_callback_read(tmp_path: Path) -> None:
             assert failed.error.message == "negative input"
             again = _outputs(await _run(worker, 5.0))  # it goes on after a failed request
             assert (again["BIG"] == 5.0).all()
+        finally:
+            await worker.stop(10)
+
+    asyncio.run(scenario())
+
+
+def test_a_large_output_is_copied_out_in_a_thread(tmp_path: Path) -> None:
+    """An output too large to copy on the event loop reaches the callback copied all the
+    same (later: a thread copies it), and its output-arena space goes back: the six
+    replies held here are more than the arena (256 MiB) holds."""
+
+    async def scenario() -> None:
+        worker = await spawn_worker("two_sizes_0", True, None)
+        try:
+            await worker.load(_load(tmp_path, LARGE), 30)
+            replies = [await _run(worker, float(x)) for x in range(6)]
+            for x, reply in enumerate(replies):  # none is a view the next one overwrote
+                assert isinstance(reply, WorkerReply)
+                assert reply.held == [] and reply.worker is None
+                outputs = _outputs(reply)
+                assert outputs["SMALL"].tolist() == [2.0 * x]
+                assert outputs["BIG"].size == LARGE and (outputs["BIG"] == x).all()
+            held = await _run(worker, 7.0, keep=True)  # kept: viewed in place, however large
+            assert isinstance(held, WorkerReply) and len(held.held) == 1
+            assert (_outputs(held)["BIG"] == 7.0).all()
+            worker.release_outputs(held.held)
         finally:
             await worker.stop(10)
 

@@ -263,7 +263,7 @@ class WorkerHandle:
                 else:
                     for offset in pending.arena_offsets:
                         self.input_arena.free(offset)
-                pending.callback(self._reader.read(msg, payload, pending.keep, pending.lend))
+                self._reader.deliver(msg, payload, pending.keep, pending.lend, pending.callback)
         if msg.direct and self._calls is not None:
             self._calls.on_direct(self, m.DirectStats(msg.direct))
 
