@@ -256,7 +256,8 @@ def ensure_triton() -> Path:
     """
     BENCH_DIR.mkdir(exist_ok=True)
     WHEEL_DIR.mkdir(exist_ok=True)
-    extract_wheel(download_wheel())
+    if not (TRITON_HOME / "bin" / "tritonserver").exists():  # a copied .bench/ needs no wheel
+        extract_wheel(download_wheel())
     install_stub()
     install_numpy()
     return TRITON_HOME
