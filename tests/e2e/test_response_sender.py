@@ -171,12 +171,15 @@ def late(
     server: RunningServer, infer: Infer, mode: str, value: int, model: str = QUEUED,
     **params: str,
 ) -> concurrent.futures.Future[int]:  # fmt: skip
-    """Start a request whose model answers from a thread once its gate opens; show that its
-    instance serves others meanwhile (its execute has returned, and the server knows it:
-    ``model`` keeps waiting requests in the server); then open the gate."""
+    """Start a request whose model answers from a thread once its gate opens; once its
+    execute has begun, show that its instance serves others meanwhile (its execute has
+    returned, and the server knows it: ``model`` keeps waiting requests in the server, and
+    its one instance takes them after that execute); then open the gate."""
     gate = FifoGate(Path(params.pop("folder")))
     pool = concurrent.futures.ThreadPoolExecutor(3)
-    waiting = pool.submit(infer, mode, value, model, gate=str(gate.go), **params)
+    waiting = pool.submit(infer, mode, value, model, gate=str(gate.go),
+                          started=str(gate.started), **params)  # fmt: skip
+    gate.wait_started()  # else the others may go first, and the thread answer before return
     others = [pool.submit(grpc_infer, server, "return", 7, model) for _ in range(2)]
     assert [other.result(TIMEOUT_S) for other in others] == [73, 73]
     gate.open()

@@ -1,7 +1,8 @@
 """default_sender: a model that is not decoupled answering through its response senders.
 
 Request parameters: ``mode`` (what to do, below), ``gate`` (a FIFO a late answer waits on:
-a line written to it lets it go), ``note`` (a file where the model writes the message of
+a line written to it lets it go), ``started`` (a FIFO execute writes a line to before it
+starts the late answer's thread), ``note`` (a file where the model writes the message of
 an exception its sender raised, one line each).
 """
 
@@ -31,6 +32,9 @@ def noted(params, action):
 
 def later(params, action):
     """Run ``action`` in a thread, once the gate opens (if the request names one)."""
+    if "started" in params:  # the test's cue that this execute is under way
+        with open(params["started"], "w") as started:
+            started.write("started\n")
 
     def run():
         if "gate" in params:
