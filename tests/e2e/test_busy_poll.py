@@ -19,10 +19,14 @@ from conftest import EXAMPLES, run_server
 
 @pytest.mark.parametrize(
     "flags",
-    [("--busy-poll-us", "300"), ("--reply-poll-us", "0"), ("--reply-poll-us", "50"),
-     ("--request-poll-us", "0"), ("--request-poll-us", "50")],
-    ids=["busy-poll", "no-reply-poll", "short-reply-poll", "no-request-poll",
-         "short-request-poll"],
+    [
+        ("--busy-poll-us", "300"),
+        ("--reply-poll-us", "0"),
+        ("--reply-poll-us", "50"),
+        ("--request-poll-us", "0"),
+        ("--request-poll-us", "50"),
+    ],
+    ids=["busy-poll", "no-reply-poll", "short-reply-poll", "no-request-poll", "short-request-poll"],
 )
 def test_a_polling_server_answers_correctly(flags: tuple[str, str]) -> None:
     with run_server(EXAMPLES, *flags) as server:
@@ -42,9 +46,12 @@ def test_a_polling_server_answers_correctly(flags: tuple[str, str]) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "polled"),
-    [((), "2000"), (("--request-poll-us", "0"), "0"),
-     (("--request-poll-us", "700", "--busy-poll-us", "300"), "700"),
-     (("--request-poll-us", "700", "--busy-poll-us", "3000"), "3000")],
+    [
+        ((), "2000"),
+        (("--request-poll-us", "0"), "0"),
+        (("--request-poll-us", "700", "--busy-poll-us", "300"), "700"),
+        (("--request-poll-us", "700", "--busy-poll-us", "3000"), "3000"),
+    ],
     ids=["default", "off", "request-poll", "busy-poll-longer"],
 )
 def test_workers_poll_for_requests_as_long_as_the_options_say(

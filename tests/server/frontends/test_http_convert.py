@@ -109,6 +109,15 @@ def test_json_data_of_each_type(datatype: str, values: list[Any], numpy_type: An
     assert bytes(request.inputs[0].data) == np.array(values, numpy_type).tobytes()
 
 
+@pytest.mark.parametrize(("datatype", "numpy_type"), [("FP16", np.float16), ("FP32", np.float32)])
+def test_json_numbers_past_a_float_types_range_are_infinite(datatype: str, numpy_type: Any) -> None:
+    """As Triton casts them (a double to a float), without a warning: one was found by the
+    fuzzer, with warnings as errors."""
+    request, _ = _parse({"inputs": [_tensor("A", datatype, [2], data=[1e300, -1e300])]})
+    values = np.frombuffer(bytes(request.inputs[0].data), numpy_type)
+    assert values.tolist() == [np.inf, -np.inf]
+
+
 def test_bf16_from_json_numbers_rounds_like_ml_dtypes() -> None:
     values = [1.0, 3.14159, -2.5e-3, 1e38, 0.0, 1.00390625]  # the last is a tie: rounds to even
     request, _ = _parse({"inputs": [_tensor("A", "BF16", [6], data=values)]})

@@ -156,5 +156,6 @@ def test_regressions() -> None:
         (b'{"inputs":[{"name":"A","datatype":"BYTES","shape":[1],"data":[[[["a"]]]]}]}', None),
         (b'{"inputs":[{"name":"A","datatype":"INT8","shape":[1],"data":[1e400]}]}', None),
         (b'{"inputs":[{"name":"A","datatype":"FP32","shape":[-1],"data":[]}]}', None),
+        (b'{"inputs":[{"name":"A","datatype":"FP16","shape":[1],"data":[1e300]}]}', None),
     ):
         _decode(body, length)

@@ -256,7 +256,9 @@ def _cast(name: str, dtype: dtypes.DType, raw: npt.NDArray[Any]) -> npt.NDArray[
                 f"Unable to parse 'data' of input '{name}': a value is out of the range of "
                 f"{dtype.wire}"
             )
-    array = raw.astype(target, copy=False)
+    # a number past FP16's or FP32's range is inf, as Triton casts it (no warning)
+    with np.errstate(over="ignore"):
+        array = raw.astype(target, copy=False)
     return float32_to_bf16(array) if dtype.wire == "BF16" else array
 
 
