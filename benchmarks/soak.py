@@ -303,22 +303,25 @@ def guarded(context: ClientContext, work: Callable[[], tuple[int, int]]) -> None
     context.slot.add("wrong", wrong)
 
 
+def repeat(context: ClientContext, work: Callable[[int], tuple[int, int]]) -> None:
+    """Run ``work(n)`` for n = 1, 2, ... under ``guarded`` until the run stops."""
+    n = 0
+    while not context.stop.is_set():
+        n += 1
+        guarded(context, lambda n=n: work(n))
+
+
 def run_small(context: ClientContext) -> None:
     client = make_client(context.role.protocol, url_of(context))
     rng = np.random.default_rng()
-    while not context.stop.is_set():
-        guarded(
-            context, lambda: (1, 0) if small_request(client, context.role.protocol, rng) else (0, 1)
-        )
+    protocol = context.role.protocol
+    repeat(context, lambda _: (1, 0) if small_request(client, protocol, rng) else (0, 1))
 
 
 def run_wire(context: ClientContext) -> None:
     client = make_client(context.role.protocol, url_of(context))
     data = np.random.default_rng().random(LARGE, dtype=np.float32)
-    stamp = 0
-    while not context.stop.is_set():
-        stamp += 1
-        guarded(context, lambda stamp=stamp: wire_work(client, context.role.protocol, data, stamp))
+    repeat(context, lambda stamp: wire_work(client, context.role.protocol, data, stamp))
 
 
 def wire_work(client: Any, protocol: str, data: np.ndarray, stamp: int) -> tuple[int, int]:
@@ -328,11 +331,8 @@ def wire_work(client: Any, protocol: str, data: np.ndarray, stamp: int) -> tuple
 def run_shm(context: ClientContext) -> None:
     client = make_client(context.role.protocol, url_of(context))
     data = np.random.default_rng().random(LARGE, dtype=np.float32)
-    cycle = 0
-    while not context.stop.is_set():
-        cycle += 1
-        tag = f"{context.tag}_{cycle}"
-        guarded(context, lambda tag=tag: shm_cycle(client, context.role.protocol, tag, data))
+    repeat(context, lambda cycle: shm_cycle(client, context.role.protocol,
+                                            f"{context.tag}_{cycle}", data))  # fmt: skip
 
 
 def shm_cycle(client: Any, protocol: str, tag: str, data: np.ndarray) -> tuple[int, int]:
