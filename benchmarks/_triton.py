@@ -14,6 +14,8 @@ The real Triton comes from the PyPI wheel ``nvidia-pytriton`` (it ships
    (``sys.flags.isolated == 1``, environment ignored), and its ``sys.path`` is the
    system Python's (``/usr/lib/python3.X``, the ``dist-packages`` folders), the
    model's folder and ``backends/python``; the last one is ours to fill.
+5. Where this Python has torch (the GPU models import it), link every package of the
+   folder that holds torch into ``backends/python/`` too, numpy excepted.
 
 At run time ``tritonserver`` needs the wheel's ``nvidia_pytriton.libs`` on
 ``LD_LIBRARY_PATH``, and the stub needs the system's ``libpython3.X.so.1.0``
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import os
 import shutil
 import signal
@@ -249,6 +252,20 @@ def install_numpy() -> None:
             link.symlink_to(os.path.relpath(NUMPY_DIR / name, backend_dir))
 
 
+def link_torch() -> None:
+    """Step 5: torch's folder of packages (numpy excepted) linked into backends/python."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return
+    packages = Path(spec.origin).resolve().parents[1]
+    backend_dir = TRITON_HOME / "backends" / "python"
+    for entry in packages.iterdir():
+        link = backend_dir / entry.name
+        if entry.name.startswith(("numpy", "_", ".")) or link.exists() or link.is_symlink():
+            continue
+        link.symlink_to(entry)
+
+
 def ensure_triton() -> Path:
     """Install the real Triton under .bench/ unless already there; return its home.
 
@@ -260,6 +277,7 @@ def ensure_triton() -> Path:
         extract_wheel(download_wheel())
     install_stub()
     install_numpy()
+    link_torch()
     return TRITON_HOME
 
 
