@@ -4,6 +4,7 @@ the LRU store and its byte accounting, and ``--cache-config`` parsing."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from dlserve.server.core.cache.cache_config import (
 )
 from dlserve.server.core.cache.response_cache import (
     CachedTensor,
+    Outputs,
     ResponseCache,
     packed_size,
     request_key,
@@ -191,3 +193,46 @@ def test_a_model_cache_hashes_large_inputs_on_a_thread_and_counts_as_triton() ->
     assert stats.inference_count == stats.execution_count == 0  # the run recorded nothing
     model.close()
     assert model.cache.used == 0
+
+
+def test_a_model_cache_copies_large_outputs_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A response with over COPY_ON_THREAD bytes to copy is copied into its entry off the
+    event loop (the loop serves others meanwhile), a small one on it; both are copies."""
+    import asyncio
+    import threading
+
+    from dlserve.server.core.cache import response_cache
+    from dlserve.server.core.cache.response_cache import COPY_ON_THREAD, ModelCache
+    from dlserve.server.core.telemetry.stats import ModelStats
+
+    copied_on: dict[int, str] = {}
+    original = response_cache._copied
+
+    def watched(data: bytes | memoryview) -> bytes | memoryview:
+        copied_on[memoryview(data).nbytes] = threading.current_thread().name
+        return original(data)
+
+    monkeypatch.setattr(response_cache, "_copied", watched)
+    stats = ModelStats("cached", "1")
+    model = ModelCache(ResponseCache(4 * COPY_ON_THREAD), stats)
+    large, small = bytearray(b"\x01" * (COPY_ON_THREAD + 1)), bytearray(b"abcd")
+
+    def answer(data: bytearray) -> Callable[[], Awaitable[Outputs]]:
+        async def run() -> Outputs:
+            return [OutputTensor("OUTPUT0", "UINT8", (len(data),), memoryview(data))], {}
+
+        return run
+
+    async def both() -> list[Outputs]:
+        await model.outputs(_request(A), 0, answer(large))  # misses: run and stored
+        await model.outputs(_request(A + 1), 0, answer(small))
+        large[:1], small[:1] = b"\x02", b"z"  # the responses' buffers change afterwards
+        return [await model.outputs(_request(A), 0, answer(large)),
+                await model.outputs(_request(A + 1), 0, answer(small))]  # fmt: skip
+
+    (cached_large, _), (cached_small, _) = asyncio.run(both())
+    assert copied_on[4] == threading.current_thread().name != copied_on[COPY_ON_THREAD + 1]
+    assert bytes(cached_large[0].data or b"")[:2] == b"\x01\x01"
+    assert cached_small[0].data == b"abcd"
+    assert (stats.cache_hit.count, stats.cache_miss.count) == (2, 2)
+    model.close()

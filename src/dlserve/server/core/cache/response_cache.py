@@ -19,7 +19,8 @@ cached response as to a computed one, so ``class_count`` needs no key of its own
 Requests whose tensors the server does not hold are neither looked up nor stored: inputs
 or outputs in client shared memory (system or CUDA) and BLS calls (their tensors travel by
 reference between workers). Everything runs on the event loop, so concurrent requests
-cannot interleave inside the cache; large inputs are hashed on a thread.
+cannot interleave inside the cache; large inputs are hashed, and large outputs copied into
+an entry, on a thread (numpy's copy releases the GIL, ``bytes()`` would not).
 
 Sizes: an entry costs what Triton's local cache packs for it (per output: name, datatype,
 shape and bytes, with their lengths; ``packed_size``) plus ``ENTRY_OVERHEAD`` bytes for its
@@ -39,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
@@ -50,6 +52,7 @@ log = logging.getLogger("dlserve.models")
 
 ENTRY_OVERHEAD: Final = 128  # the key (32 bytes) and the entry's bookkeeping, counted
 HASH_ON_THREAD: Final = 1 << 20  # inputs of more bytes than this are hashed off the loop
+COPY_ON_THREAD: Final = 4 << 20  # outputs of more bytes than this are copied off the loop
 # Parameters that only schedule a request: not in the key. The sequence ones are (a model
 # without the sequence batcher still sees them as request.correlation_id() and flags()).
 SCHEDULING: Final = frozenset((PRIORITY, TIMEOUT))
@@ -64,7 +67,7 @@ class CachedTensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview  # bytes, or a copy of the server's own that nobody writes
 
 
 @dataclass(slots=True)
@@ -137,26 +140,35 @@ class ResponseCache:
         does not hold, its owner gone, or the key already there)."""
         start = time.monotonic_ns()
         try:
-            keys = self._owners.get(owner)
-            if keys is None or key in self.entries:
-                return False
-            tensors, parameters = outputs
-            if any(o.data is None or o.lent is not None for o in tensors):
-                return False  # in a client's region, or in a worker's memory
-            size = packed_size(tensors, parameters)
-            if size > self.capacity:
-                return False
-            entry = _entry(outputs, owner, size)
-            while self.used + entry.size > self.capacity:
-                oldest = next(iter(self.entries))
-                self._remove(oldest)
-                self.evictions += 1
-            self.entries[key] = entry
-            self.used += entry.size
-            keys.add(key)
-            return True
+            size = self.admits(key, owner, outputs)
+            return size is not None and self.insert(key, _entry(outputs, owner, size))
         finally:
             self.insert_ns += time.monotonic_ns() - start
+
+    def admits(self, key: bytes, owner: int, outputs: Outputs) -> int | None:
+        """The size of the entry ``outputs`` would make, or None when it is not stored."""
+        if owner not in self._owners or key in self.entries:
+            return None
+        tensors, parameters = outputs
+        if any(o.data is None or o.lent is not None for o in tensors):
+            return None  # in a client's region, or in a worker's memory
+        size = packed_size(tensors, parameters)
+        return size if size <= self.capacity else None
+
+    def insert(self, key: bytes, entry: CachedResponse) -> bool:
+        """Store an entry made of an admitted response, evicting the least recently used
+        to make room; False when its owner has gone or the key came meanwhile."""
+        keys = self._owners.get(entry.owner)
+        if keys is None or key in self.entries:
+            return False
+        while self.used + entry.size > self.capacity:
+            oldest = next(iter(self.entries))
+            self._remove(oldest)
+            self.evictions += 1
+        self.entries[key] = entry
+        self.used += entry.size
+        keys.add(key)
+        return True
 
     def _remove(self, key: bytes) -> None:
         entry = self.entries.pop(key, None)
@@ -171,11 +183,27 @@ class ResponseCache:
 def _entry(outputs: Outputs, owner: int, size: int) -> CachedResponse:
     """The response's outputs, copied (bytes stay as they are: they cannot change)."""
     tensors = tuple(
-        CachedTensor(o.name, o.datatype, tuple(o.shape),
-                     o.data if isinstance(o.data, bytes) else bytes(o.data or b""))
+        CachedTensor(o.name, o.datatype, tuple(o.shape), _copied(o.data or b""))
         for o in outputs[0]
     )  # fmt: skip
     return CachedResponse(tensors, dict(outputs[1]), size, owner)
+
+
+def _copied(data: bytes | memoryview) -> bytes | memoryview:
+    """``data`` if it is bytes, else a copy: numpy's for a large one (it releases the GIL
+    while it copies, so a copy on a thread does not hold the event loop)."""
+    if type(data) is bytes:
+        return data
+    view = memoryview(data)
+    if view.nbytes <= COPY_ON_THREAD:
+        return view.tobytes()
+    return np.frombuffer(view.cast("B"), np.uint8).copy().data
+
+
+def _to_copy(outputs: Outputs) -> int:
+    """The bytes an entry of ``outputs`` copies."""
+    return sum(memoryview(o.data).nbytes for o in outputs[0] if type(o.data) is not bytes
+               and o.data is not None)  # fmt: skip
 
 
 def cacheable(request: InferRequest) -> bool:
@@ -248,8 +276,20 @@ class ModelCache:
             return found.outputs()
         outputs = await run()
         inserting = time.monotonic_ns()
-        self.cache.put(key, self.owner, outputs)
+        size = self.cache.admits(key, self.owner, outputs)
+        if size is not None:
+            try:
+                if _to_copy(outputs) > COPY_ON_THREAD:
+                    entry = await asyncio.to_thread(_entry, outputs, self.owner, size)
+                else:
+                    entry = _entry(outputs, self.owner, size)
+            except MemoryError:  # the response is answered all the same, not stored
+                log.warning("model '%s': no memory to cache a response of %d bytes",
+                            self.stats.name, size)  # fmt: skip
+            else:
+                self.cache.insert(key, entry)
         inserted = time.monotonic_ns()
+        self.cache.insert_ns += inserted - inserting
         self.stats.record_cache_miss(looked - start, inserted - inserting)
         return outputs
 
