@@ -233,6 +233,7 @@ def test_a_model_cache_copies_large_outputs_on_a_thread(monkeypatch: pytest.Monk
     (cached_large, _), (cached_small, _) = asyncio.run(both())
     assert copied_on[4] == threading.current_thread().name != copied_on[COPY_ON_THREAD + 1]
     assert bytes(cached_large[0].data or b"")[:2] == b"\x01\x01"
+    assert memoryview(cached_large[0].data or b"").readonly
     assert cached_small[0].data == b"abcd"
     assert (stats.cache_hit.count, stats.cache_miss.count) == (2, 2)
     model.close()

@@ -67,7 +67,7 @@ class CachedTensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: bytes | memoryview  # bytes, or a copy of the server's own that nobody writes
+    data: bytes | memoryview  # bytes, or a read-only copy of the server's own
 
 
 @dataclass(slots=True)
@@ -197,7 +197,9 @@ def _copied(data: bytes | memoryview) -> bytes | memoryview:
     view = memoryview(data)
     if view.nbytes <= COPY_ON_THREAD:
         return view.tobytes()
-    return np.frombuffer(view.cast("B"), np.uint8).copy().data
+    copy = np.frombuffer(view.cast("B"), np.uint8).copy()
+    copy.flags.writeable = False  # as bytes: what is cached cannot be changed
+    return copy.data
 
 
 def _to_copy(outputs: Outputs) -> int:
