@@ -94,4 +94,7 @@ def test_a_stream_that_sends_past_its_window_and_never_reads_leaves_nothing(
         after.append(_settles(server, baseline + RSS_SLACK))
     seen = [rss / MIB for rss in (baseline, *after)]
     assert max(after) <= baseline + RSS_SLACK, seen
-    assert after[-1] <= after[1] * 1.1, seen  # flat once warm: the allocator's pools made
+    # Flat once warm (the first call makes the allocator's pools): the last repetition holds
+    # at most 10% more than the larger of the second and third. One sample is no reference:
+    # the allocator gives memory back at times of its own (once 83 MiB, then 97-98 MiB).
+    assert after[-1] <= max(after[1:3]) * 1.1, seen
