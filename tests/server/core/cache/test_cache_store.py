@@ -196,14 +196,15 @@ def test_a_model_cache_hashes_large_inputs_on_a_thread_and_counts_as_triton() ->
 
 
 def test_a_model_cache_copies_large_outputs_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A response with over COPY_ON_THREAD bytes to copy is copied into its entry off the
+    """A response with over COPY_ON_LOOP_LIMIT bytes to copy is copied into its entry off the
     event loop (the loop serves others meanwhile), a small one on it; both are copies."""
     import asyncio
     import threading
 
     from dlserve.server.core.cache import response_cache
-    from dlserve.server.core.cache.response_cache import COPY_ON_THREAD, ModelCache
+    from dlserve.server.core.cache.response_cache import ModelCache
     from dlserve.server.core.telemetry.stats import ModelStats
+    from dlserve.tensors.copies import COPY_ON_LOOP_LIMIT
 
     copied_on: dict[int, str] = {}
     original = response_cache._copied
@@ -214,8 +215,8 @@ def test_a_model_cache_copies_large_outputs_on_a_thread(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(response_cache, "_copied", watched)
     stats = ModelStats("cached", "1")
-    model = ModelCache(ResponseCache(4 * COPY_ON_THREAD), stats)
-    large, small = bytearray(b"\x01" * (COPY_ON_THREAD + 1)), bytearray(b"abcd")
+    model = ModelCache(ResponseCache(4 * COPY_ON_LOOP_LIMIT), stats)
+    large, small = bytearray(b"\x01" * (COPY_ON_LOOP_LIMIT + 1)), bytearray(b"abcd")
 
     def answer(data: bytearray) -> Callable[[], Awaitable[Outputs]]:
         async def run() -> Outputs:
@@ -231,7 +232,7 @@ def test_a_model_cache_copies_large_outputs_on_a_thread(monkeypatch: pytest.Monk
                 await model.outputs(_request(A + 1), 0, answer(small))]  # fmt: skip
 
     (cached_large, _), (cached_small, _) = asyncio.run(both())
-    assert copied_on[4] == threading.current_thread().name != copied_on[COPY_ON_THREAD + 1]
+    assert copied_on[4] == threading.current_thread().name != copied_on[COPY_ON_LOOP_LIMIT + 1]
     assert bytes(cached_large[0].data or b"")[:2] == b"\x01\x01"
     assert memoryview(cached_large[0].data or b"").readonly
     assert cached_small[0].data == b"abcd"

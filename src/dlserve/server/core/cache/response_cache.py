@@ -40,19 +40,18 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import numpy as np
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from dlserve.server.core.scheduling.scheduler import PRIORITY, TIMEOUT
 from dlserve.server.core.telemetry.stats import ModelStats
+from dlserve.tensors.copies import COPY_ON_LOOP_LIMIT, unlocked_copy
 from dlserve.types import InferRequest, OutputTensor, Parameters
 
 log = logging.getLogger("dlserve.models")
 
 ENTRY_OVERHEAD: Final = 128  # the key (32 bytes) and the entry's bookkeeping, counted
 HASH_ON_THREAD: Final = 1 << 20  # inputs of more bytes than this are hashed off the loop
-COPY_ON_THREAD: Final = 4 << 20  # outputs of more bytes than this are copied off the loop
 # Parameters that only schedule a request: not in the key. The sequence ones are (a model
 # without the sequence batcher still sees them as request.correlation_id() and flags()).
 SCHEDULING: Final = frozenset((PRIORITY, TIMEOUT))
@@ -195,11 +194,9 @@ def _copied(data: bytes | memoryview) -> bytes | memoryview:
     if type(data) is bytes:
         return data
     view = memoryview(data)
-    if view.nbytes <= COPY_ON_THREAD:
+    if view.nbytes <= COPY_ON_LOOP_LIMIT:
         return view.tobytes()
-    copy = np.frombuffer(view.cast("B"), np.uint8).copy()
-    copy.flags.writeable = False  # as bytes: what is cached cannot be changed
-    return copy.data
+    return unlocked_copy(view, readonly=True)  # as bytes: what is cached cannot change
 
 
 def _to_copy(outputs: Outputs) -> int:
@@ -281,7 +278,7 @@ class ModelCache:
         size = self.cache.admits(key, self.owner, outputs)
         if size is not None:
             try:
-                if _to_copy(outputs) > COPY_ON_THREAD:
+                if _to_copy(outputs) > COPY_ON_LOOP_LIMIT:
                     entry = await asyncio.to_thread(_entry, outputs, self.owner, size)
                 else:
                     entry = _entry(outputs, self.owner, size)
