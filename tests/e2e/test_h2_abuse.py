@@ -113,8 +113,8 @@ def _flood_child(port: int, name: str, seconds: float, out: multiprocessing.Queu
 # 134 ms against 1.3 ms alone) although the server's loop spends at most ~0.5 ms on a read.
 FLOOD_GAP = "a flood's p99 bound holds only on an otherwise idle 2-core machine"
 WRITE_GAP = (
-    "a single large write still costs other clients more than twice their p99, and on 2"
-    " cores a health check now and then more than 100 ms (70 MiB read and refused)"
+    "on 2 cores a single large write (70 MiB read and refused) still costs other clients"
+    " more than twice their p99"
 )
 
 
@@ -190,4 +190,5 @@ def test_a_single_write_attack_gets_its_goaway_and_others_are_served(
         codes = out.get(timeout=120)
         child.join(10)
     assert codes == [WRITES[name][1]] * 3
-    seen.bounds_or_known_gap(alone, WRITE_GAP)
+    seen.check_health()
+    seen.p99_or_known_gap(alone, WRITE_GAP)

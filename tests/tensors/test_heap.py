@@ -1,5 +1,7 @@
 """tensors/heap.py: large buffers keep their pages (glibc's malloc tuned), unless the user
-tuned it already. Each case runs in a fresh interpreter: the setting is process-wide."""
+tuned it already; the server runs without transparent huge pages, its models with the
+setting it started with (a real server: tests/e2e/test_huge_pages.py). Each case runs in
+a fresh interpreter: the settings are process-wide."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +53,54 @@ def test_workers_copy_megabytes_with_non_temporal_stores() -> None:
 def test_the_users_non_temporal_threshold_wins() -> None:
     mine = {"GLIBC_TUNABLES": "glibc.cpu.x86_non_temporal_threshold=0x4000000"}
     assert heap.streaming_copies(mine) == mine
+
+
+def _huge_pages(pid: int | str = "self") -> str:
+    """The kernel's THP_enabled for a process: "1", "0" (PR_SET_THP_DISABLE), "" unknown."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("THP_enabled:"):
+            return line.split()[1]
+    return ""
+
+
+HUGE_PAGES = sys.platform.startswith("linux") and _huge_pages() == "1"
+needs_huge_pages = pytest.mark.skipif(not HUGE_PAGES, reason="THP_enabled not 1 here")
+
+
+def _python(code: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", f"from pathlib import Path\n{code}"], capture_output=True,
+        text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+STATUS = "Path('/proc/self/status').read_text().split('THP_enabled:')[1].split()[0]"
+
+
+@needs_huge_pages
+def test_huge_pages_off_here_and_back_on_in_a_process_started_from_here() -> None:
+    child = (
+        "from pathlib import Path; from dlserve.tensors import heap;"
+        f" print(heap.huge_pages_again(), {STATUS})"
+    )
+    out = _python(
+        "import subprocess, sys\nfrom dlserve.tensors import heap\n"
+        f"print(heap.no_huge_pages(), heap.huge_pages_turned_off(), {STATUS})\n"
+        f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True,"
+        " text=True, check=True).stdout)"
+    )  # fmt: skip
+    # off here; a process started from here inherits "off" until it turns them back on
+    assert out == ["True", "True", "0", "True", "1"]
+
+
+@needs_huge_pages
+def test_huge_pages_off_already_are_left_off() -> None:
+    """Started with huge pages off (its parent's choice): nothing is turned off here, so
+    nothing is turned back on in the processes started from here."""
+    out = _python(
+        "import ctypes\nfrom dlserve.tensors import heap\n"
+        "ctypes.CDLL(None).prctl(heap.PR_SET_THP_DISABLE, 1, 0, 0, 0)\n"
+        f"print(heap.no_huge_pages(), heap.huge_pages_turned_off(), {STATUS})"
+    )  # fmt: skip
+    assert out == ["False", "False", "0"]

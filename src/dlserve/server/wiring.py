@@ -279,6 +279,7 @@ async def serve(options: ServerOptions) -> None:
 
 def run(options: ServerOptions) -> int:
     heap.keep_large_buffers()
+    heap.no_huge_pages()  # the loop touches arriving messages' fresh pages
     try:
         asyncio_run(serve(options))
     except FatalError as exc:

@@ -19,6 +19,13 @@ path need next. glibc switches to such stores above a threshold it derives from 
 cache per thread; a VM that reports its host's whole L3 to a few vCPUs gets a threshold of
 tens of megabytes, so it never does. The workers get glibc's usual bare-metal value, 1 MiB
 (docs/benchmarks.md, Measurements behind design decisions).
+
+The server turns transparent huge pages off for itself (:func:`no_huge_pages`), as Redis
+does: a fault on a fresh huge page zeroes 2 MiB at once on the thread that touched it, and
+the event loop touches the buffers of messages as they arrive. Where the kernel has to take
+the huge page from memory it has not used lately (a VM whose host reclaims the guest's free
+memory), one such fault holds the loop for tens of milliseconds; 4 KiB pages cost a little
+each. Workers run models and get the setting the server started with.
 """
 
 from __future__ import annotations
@@ -37,6 +44,17 @@ MMAP_THRESHOLD: Final = 32 * 2**20  # glibc's largest on 64-bit
 TRIM_THRESHOLD: Final = 128 * 2**20
 NON_TEMPORAL_TUNABLE: Final = "glibc.cpu.x86_non_temporal_threshold"
 NON_TEMPORAL_THRESHOLD: Final = 2**20
+PR_SET_THP_DISABLE: Final = 41
+PR_GET_THP_DISABLE: Final = 42
+
+_huge_pages_off = False  # this process turned them off (no_huge_pages)
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 def keep_large_buffers() -> bool:
@@ -46,9 +64,8 @@ def keep_large_buffers() -> bool:
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        mallopt = _libc().mallopt  # type: ignore[union-attr]
+    except AttributeError:  # no C library found, or not glibc (musl has no mallopt)
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(
@@ -68,3 +85,38 @@ def streaming_copies(env: Mapping[str, str] | None = None) -> dict[str, str]:
     setting = f"{NON_TEMPORAL_TUNABLE}={NON_TEMPORAL_THRESHOLD:#x}"
     result["GLIBC_TUNABLES"] = f"{tunables}:{setting}" if tunables else setting
     return result
+
+
+def _prctl(option: int, value: int = 0) -> int:
+    """``prctl(option, value, 0, 0, 0)``; -1 where it fails or there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return -1
+    prctl = getattr(_libc(), "prctl", None)
+    if prctl is None:
+        return -1
+    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong)  # fmt: skip
+    prctl.restype = ctypes.c_int
+    return int(prctl(option, value, 0, 0, 0))
+
+
+def no_huge_pages() -> bool:
+    """Turn transparent huge pages off for this process (Linux ``PR_SET_THP_DISABLE``),
+    where they were on; whether this call turned them off. Processes started from now on
+    inherit the setting: see :func:`huge_pages_turned_off`."""
+    global _huge_pages_off
+    if _prctl(PR_GET_THP_DISABLE) != 0:  # off already (inherited), or no prctl
+        return False
+    _huge_pages_off = _prctl(PR_SET_THP_DISABLE, 1) == 0
+    return _huge_pages_off
+
+
+def huge_pages_turned_off() -> bool:
+    """Whether :func:`no_huge_pages` turned them off here: a process started from this one
+    then calls :func:`huge_pages_again` to run with the setting this one started with."""
+    return _huge_pages_off
+
+
+def huge_pages_again() -> bool:
+    """Undo the setting inherited from a process that called :func:`no_huge_pages`."""
+    return _prctl(PR_SET_THP_DISABLE, 0) == 0

@@ -199,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-arena-fd", type=int, required=True)
     parser.add_argument("--fd-socket", type=int, default=-1, help="descriptors from the server")
     parser.add_argument("--poll-us", type=int, default=0, help="poll for a frame before sleeping")
+    parser.add_argument(
+        "--huge-pages", action="store_true", help="transparent huge pages back on (the server's"
+        " own setting turned them off)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     # The model sees the command line Triton's stub gives it (its embedded interpreter has
     # none): argparse or unittest.main() in a model must not find the worker's options.
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     os.register_at_fork(after_in_child=_default_signals)
     install_pb_utils()
     heap.keep_large_buffers()  # a model's large outputs reuse their pages request to request
+    if args.huge_pages:
+        heap.huge_pages_again()
     sock = socket.socket(fileno=args.fd)
     spin_ns = args.poll_us * 1000
     channel: Channel = BlockingChannel(sock, codec.to_worker, spin_ns=spin_ns)

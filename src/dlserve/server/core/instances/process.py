@@ -33,6 +33,8 @@ class ProcessLauncher:
         options = ["--fd", str(channel.fileno()), "--input-arena-fd", str(in_fd),
                    "--output-arena-fd", str(out_fd), "--fd-socket", str(descriptors.fileno()),
                    "--poll-us", str(polling.worker_poll_us())]  # fmt: skip
+        if heap.huge_pages_turned_off():  # the server's own setting: not the model's
+            options.append("--huge-pages")
         if self.exec_env is None:
             command = [sys.executable, "-m", "dlserve.worker.main", *options]
         else:
