@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar, cast
 
 from dlserve.ipc import codec, messages
+from dlserve.tensors import mappings
 
 T = TypeVar("T")
 READ_AHEAD = 64 * 1024
@@ -181,7 +182,8 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
     A frame larger than the receive buffer is received into a buffer of its own (anonymous
     memory, its pages untouched until the kernel writes them), its payload a view of it: on
     the event loop, growing the receive buffer to 1 GiB and copying the payload out of it
-    would hold every other client for most of a second, and keep the memory for good.
+    would hold every other client for most of a second, and keep the memory for good. A
+    buffer of 32 MiB or more is given back to the kernel by a thread (``mappings.py``).
     """
 
     def __init__(
@@ -253,7 +255,10 @@ class AsyncChannel(asyncio.BufferedProtocol, Generic[T]):
     def _receive_large(self, size: int) -> None:
         """The frame that begins at ``_start`` (``size`` bytes) is received into a buffer
         of its own; the receive buffer, empty, waits for the frames after it."""
-        large = memoryview(mmap.mmap(-1, size))
+        if size >= mappings.UNMAP_ON_THREAD:  # given back by a thread, not the loop
+            large = mappings.mapped(size)
+        else:
+            large = memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE))
         got = self._end - self._start
         large[:got] = memoryview(self._buf)[self._start : self._end]
         self._start = self._end = 0
