@@ -237,7 +237,9 @@ class Exchange:
 
     async def _write_sliced(self, view: memoryview, size: int, more: bool) -> None:
         """A large body: its head and framing, then slices, each written once the client
-        has read enough of the one before (resume_writing)."""
+        has read enough of the one before (resume_writing), and never two in one turn of
+        the loop: a client that reads as fast as the socket takes them would otherwise
+        hold the loop for the whole body."""
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         head = b"" if self.head_written else self._head(None if more else size)
@@ -257,6 +259,8 @@ class Exchange:
         for offset in range(0, size, SLICE):
             if connection.write_paused:
                 await connection.drain()
+            elif offset:
+                await asyncio.sleep(0)  # the loop's other work between two slices
             if self.disconnected:
                 return
             connection.write(view[offset : offset + SLICE])
