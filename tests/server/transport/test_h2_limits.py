@@ -15,6 +15,7 @@ from test_h2_connection import Recorder
 from dlserve.server.transport.h2.frames import (
     ACK,
     CONTINUATION,
+    DATA,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     GOAWAY,
@@ -25,6 +26,7 @@ from dlserve.server.transport.h2.frames import (
     RST_STREAM,
     SETTINGS,
     STREAM_WINDOW,
+    WINDOW_UPDATE,
     frame,
 )
 from dlserve.server.transport.h2.limits import Limits
@@ -116,6 +118,20 @@ def test_data_sent_between_pings_forgives_the_strikes() -> None:
         connection.data_received(frame(PING, 0, 0, bytes(8)))
         connection.send(1, b"", [b"response"])
     assert not wire.closed
+
+
+def test_data_that_waited_for_window_forgives_the_strikes_too() -> None:
+    """A large response goes out as the client's WINDOW_UPDATEs come; a client that PINGs
+    with each (grpcio's bandwidth probes do) sees data between its PINGs."""
+    connection, wire = Recorder(), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    connection.data_received(opening(window=16384) + headers(1, request_head()))
+    connection.send(1, b"", [bytes(20 * 16384)])  # 16 KiB now, the rest as window comes
+    more = frame(WINDOW_UPDATE, 0, 1, (16384).to_bytes(4, "big"))
+    for _ in range(10):
+        connection.data_received(more + frame(PING, 0, 0, bytes(8)))
+    assert not wire.closed
+    assert sum(len(f.payload) for f in wire.frames if f.kind == DATA) == 11 * 16384
 
 
 async def _until(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:

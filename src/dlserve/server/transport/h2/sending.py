@@ -48,7 +48,7 @@ class Sender:
         self.output: Output | None = None  # None before the connection is made and after
         self.streams = streams  # the connection's open streams: the same dict
         self.ended = ended  # the connection's: a stream we ended is closed
-        self.sent = 0  # calls of send: keepalive and the ping policy see data going out
+        self.sent = 0  # sends and flushes: keepalive and the ping policy see data going out
         self.window = 65535  # the connection's window for what we send
         self.max_frame = 16384  # the client's SETTINGS_MAX_FRAME_SIZE
         self.blocked: dict[int, StreamState] = {}  # streams waiting for window
@@ -143,6 +143,7 @@ class Sender:
             out.append((size << 48 | stream.stream_id).to_bytes(9, "big"))
             out.extend(pieces)
         if out and self.output is not None:
+            self.sent += 1
             self.output.writelines(out)
         if stream.queued <= HIGH_WATER:
             stream.wake()
