@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from bystander import Bystander
+from bystander import Bystander, p99
 from h2_raw import Raw, request
 
 from conftest import EXAMPLES, RunningServer, run_server
@@ -39,6 +39,14 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
+    with run_server(EXAMPLES) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def elsewhere() -> Iterator[RunningServer]:
+    """Another server on the machine: the same flood there shows what the machine's two
+    cores cost the bystander, without this server's share."""
     with run_server(EXAMPLES) as running:
         yield running
 
@@ -107,11 +115,13 @@ def _flood_child(port: int, name: str, seconds: float, out: multiprocessing.Queu
     out.put(codes)
 
 
-# Measured on a 2-core machine: floods meet the p99 bound when the machine is otherwise
-# idle and miss it (2.4-8x) when other work loads it; a single write of 16 MiB of
-# references or of 70 MiB past the window doubles the bystander's p99 or more (7 ms and
-# 134 ms against 1.3 ms alone) although the server's loop spends at most ~0.5 ms on a read.
-FLOOD_GAP = "a flood's p99 bound holds only on an otherwise idle 2-core machine"
+# Measured on a 2-core machine: the same flood aimed at another server on the machine
+# costs the bystander as much or more (p99 3.2-4.2 ms against 1.4-2.4 ms when it is aimed
+# at this one; 0.6 ms alone): what misses the bound is the cores' share, not the server.
+FLOOD_GAP = (
+    "on 2 cores the flooding process and the server it floods share the CPU with the"
+    " bystander: the same flood at another server costs it as much"
+)
 WRITE_GAP = (
     "on 2 cores a single large write (70 MiB read and refused) still costs other clients"
     " more than twice their p99"
@@ -130,16 +140,23 @@ def _flood(port: int, name: str) -> list[int]:
 
 @pytest.mark.parametrize("name", sorted(FLOODS))
 def test_a_flood_gets_enhance_your_calm_and_others_are_served(
-    server: RunningServer, bystander: Bystander, name: str
+    server: RunningServer, elsewhere: RunningServer, bystander: Bystander, name: str
 ) -> None:
+    """The flood's connections end in ENHANCE_YOUR_CALM; the bystander's health checks
+    stay within the bound, and its p99 within twice what the same flood at another server
+    of the machine costs it (the server's own share). The bound against its p99 alone is
+    reported as a known gap where the machine's cores miss it."""
     alone = bystander.alone()
+    with bystander.watching() as control:
+        _flood(elsewhere.grpc_port, name)
     with bystander.watching() as seen:
         codes = _flood(server.grpc_port, name)
     seen.check_health()
     goaways = [code for code in codes if code >= 0]
     assert goaways and set(goaways) == {ENHANCE_YOUR_CALM}, codes
     assert -2 not in codes  # no connection went on without an answer
-    seen.p99_or_known_gap(alone, FLOOD_GAP)
+    seen.check_p99(control)
+    seen.p99_or_known_gap(alone, f"{FLOOD_GAP} (p99 {p99(control.infer) * 1e3:.2f} ms)")
 
 
 # -- write once: a header block of references, DATA past the window -------------------------
