@@ -218,6 +218,43 @@ def test_a_large_body_leaves_in_slices_of_the_apps_buffer() -> None:
     run(scenario)
 
 
+def test_a_large_body_to_a_fast_reader_leaves_a_slice_a_turn() -> None:
+    """A client that reads as fast as the socket takes the slices never pauses writing;
+    the loop still runs its other work between two slices, not the whole body at once."""
+    body = bytes(3 * SLICE)
+
+    async def large(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        _, connection, transport = connected(large)
+        turns = 0  # another client's work: a callback each turn of the loop
+        at_slice: list[int] = []
+
+        def other() -> None:
+            nonlocal turns
+            turns += 1
+            if len(at_slice) < 3:
+                loop.call_soon(other)
+
+        transport_write = transport.write
+
+        def write(data: bytes | memoryview) -> None:
+            transport_write(data)
+            if len(data) == SLICE:
+                at_slice.append(turns)
+
+        transport.write = write  # type: ignore[method-assign]
+        loop.call_soon(other)
+        connection.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        await until(lambda: len(at_slice) == 3)
+        assert at_slice[0] < at_slice[1] < at_slice[2], at_slice
+
+    run(scenario)
+
+
 def test_the_options_defaults_and_off() -> None:
     parse = options.parser().parse_args
     args = parse(["serve", "--model-repository", "."])
