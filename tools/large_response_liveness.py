@@ -15,8 +15,6 @@ numbers.
 from __future__ import annotations
 
 import argparse
-import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
+
+from test_http_limits import _read_large as fetch  # noqa: E402  (ask, then read at full speed)
 
 from conftest import EXAMPLES, TEST_MODELS, repository_of, run_server  # noqa: E402
 
@@ -46,26 +46,6 @@ times.sort()
 print(f"p50 {times[len(times) // 2] * 1e3:.2f} ms, p99 {times[int(len(times) * .99)] * 1e3:.2f}"
       f" ms, worst {times[-1] * 1e3:.1f} ms over {len(times)}", flush=True)
 """
-
-
-def _request(size: int) -> bytes:
-    body = json.dumps({
-        "inputs": [{"name": "SIZE", "datatype": "INT64", "shape": [1], "data": [size]}],
-        "parameters": {"binary_data_output": True},
-    }).encode()  # fmt: skip
-    head = b"POST /v2/models/sized_output/infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d"
-    return head % len(body) + b"\r\n\r\n" + body
-
-
-def fetch(port: int, size: int) -> int:
-    """Ask for ``size`` bytes and read them as fast as they come; how many arrived."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(_request(size))
-        received = 0
-        buffer = bytearray(4 << 20)
-        while received < size and (n := sock.recv_into(buffer)):
-            received += n
-    return received
 
 
 def _round(port: int, size: int) -> str:
