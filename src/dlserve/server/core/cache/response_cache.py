@@ -275,22 +275,28 @@ class ModelCache:
             return found.outputs()
         outputs = await run()
         inserting = time.monotonic_ns()
-        size = self.cache.admits(key, self.owner, outputs)
-        if size is not None:
-            try:
-                if _to_copy(outputs) > COPY_ON_LOOP_LIMIT:
-                    entry = await asyncio.to_thread(_entry, outputs, self.owner, size)
-                else:
-                    entry = _entry(outputs, self.owner, size)
-            except MemoryError:  # the response is answered all the same, not stored
-                log.warning("model '%s': no memory to cache a response of %d bytes",
-                            self.stats.name, size)  # fmt: skip
-            else:
-                self.cache.insert(key, entry)
-        inserted = time.monotonic_ns()
-        self.cache.insert_ns += inserted - inserting
-        self.stats.record_cache_miss(looked - start, inserted - inserting)
+        await self._store(key, outputs)
+        self.stats.record_cache_miss(looked - start, time.monotonic_ns() - inserting)
         return outputs
+
+    async def _store(self, key: bytes, outputs: Outputs) -> None:
+        """Store the response: on the loop (``ResponseCache.put``), or with over
+        ``COPY_ON_LOOP_LIMIT`` bytes to copy, its entry made on a thread. Without memory for
+        the copy the response is answered all the same, not stored."""
+        to_copy = _to_copy(outputs)
+        try:
+            if to_copy <= COPY_ON_LOOP_LIMIT:
+                self.cache.put(key, self.owner, outputs)
+                return
+            start = time.monotonic_ns()
+            size = self.cache.admits(key, self.owner, outputs)
+            if size is not None:
+                entry = await asyncio.to_thread(_entry, outputs, self.owner, size)
+                self.cache.insert(key, entry)
+            self.cache.insert_ns += time.monotonic_ns() - start
+        except MemoryError:
+            log.warning("model '%s': no memory to cache a response of %d bytes",
+                        self.stats.name, to_copy)  # fmt: skip
 
 
 def model_cache(cache: ResponseCache | None, config: Any, stats: ModelStats) -> ModelCache | None:
