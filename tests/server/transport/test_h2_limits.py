@@ -16,6 +16,7 @@ from dlserve.server.transport.h2.frames import (
     ACK,
     CONTINUATION,
     DATA,
+    END_HEADERS,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     GOAWAY,
@@ -100,6 +101,27 @@ def test_a_stream_of_empty_continuations_gets_enhance_your_calm() -> None:
     empty = frame(CONTINUATION, 0, 1, b"")
     connection.data_received(frame(HEADERS, 0, 1, request_head()) + empty * 200)
     assert _goaway(wire)[0] == ENHANCE_YOUR_CALM
+
+
+def test_data_sent_before_the_client_heard_the_stream_end_is_no_flood() -> None:
+    """DATA on a stream the server ended (its response sent, or RST_STREAM) before the
+    client ended it is dropped; up to the rest of the stream's window it is what the client
+    may have sent before the end reached it, and free; past that each frame is a control
+    frame, and a flood of them gets ENHANCE_YOUR_CALM."""
+    limits = Limits(max_control_frames_per_s=100)  # 20 at once
+    piece = bytes(16384)
+    rest = (STREAM_WINDOW - len(piece)) // len(piece)
+    for end in ("response", "reset"):
+        connection, wire = _connected(limits)
+        connection.data_received(headers(1, request_head()) + data(1, piece))
+        if end == "response":
+            connection.send(1, frame(HEADERS, END_HEADERS, 1, b"\x88"), (), b"\x88")
+        else:
+            connection.reset_stream(1, NO_ERROR)
+        connection.data_received(data(1, piece) * rest)
+        assert not wire.closed, end
+        connection.data_received(data(1, b"x") * 30)
+        assert _goaway(wire)[0] == ENHANCE_YOUR_CALM, end
 
 
 def test_pings_too_often_without_data_are_strikes_then_too_many_pings() -> None:

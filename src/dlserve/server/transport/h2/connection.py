@@ -92,6 +92,7 @@ _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _FRAMES_PER_TURN: Final = 64  # frames handled per data_received before the loop's turn
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
+_SMALL_DATA: Final = 1024  # what a DATA frame costs at least of a stream's in-flight allowance
 _ENABLE_PUSH, _MAX_CONCURRENT, _INITIAL_WINDOW, _MAX_FRAME, _MAX_LIST = 0x2, 0x3, 0x4, 0x5, 0x6
 _KEEPALIVE_PING: Final = b"dlserve\x00"  # the opaque data of our keepalive PINGs
 _IDLE_CLIENT_PING_S: Final = 7200.0  # gRPC core's allowed PING interval with no calls
@@ -145,6 +146,9 @@ class Connection(asyncio.Protocol):
         # streams closed lately: True if a frame on one is STREAM_CLOSED (the client ended
         # or reset it), False if it is ignored (we reset it: RFC 9113 5.1 "closed")
         self._closed: dict[int, bool] = {}
+        # of those we ended before the client did: the bytes it may still have on their way
+        # (the rest of the window it had); DATA past them counts as a control frame
+        self._in_flight: dict[int, int] = {}
         # a header block waiting for CONTINUATION: its stream (0: none), flags, bytes
         self._continuing = 0
         self._block_flags = 0
@@ -437,8 +441,15 @@ class Connection(asyncio.Protocol):
         self._credit(length)
         if stream is not None or self._closed.get(stream_id):
             self.reset_stream(stream_id, STREAM_CLOSED)  # half-closed (remote), or closed
+            return
+        # a stream we ended: its DATA still coming is dropped, free while the client may
+        # have sent it before it heard (RFC 9113 5.1 "closed"), a control frame past that
+        left = self._in_flight.get(stream_id, 0) - max(length, _SMALL_DATA)
+        if left >= 0:
+            self._in_flight[stream_id] = left
         else:
-            self._calm(self._control)  # a stream we reset: its DATA still coming is dropped
+            self._in_flight.pop(stream_id, None)
+            self._calm(self._control)
 
     def _hand_on(self, stream: StreamState, payload: memoryview | bytes, flags: int) -> None:
         end_stream = bool(flags & END_STREAM)
@@ -641,15 +652,11 @@ class Connection(asyncio.Protocol):
     def _stream_ended(self, stream: StreamState) -> None:
         """The sender ended the stream: a frame the client sends on it later is an error
         if the client had ended it too, else dropped (we send RST_STREAM NO_ERROR)."""
-        if stream.recv_pending:
-            self._credit(stream.recv_pending)
-            stream.recv_pending = 0
-        remembered = self._closed
-        remembered[stream.stream_id] = stream.remote_ended
-        if len(remembered) > 2 * _CLOSED_KEPT:
-            self._prune()
+        self._forget(stream, stream.remote_ended)
 
     def _forget(self, stream: StreamState, closed: bool) -> None:
+        if not closed and not stream.remote_ended:
+            self._in_flight[stream.stream_id] = STREAM_WINDOW - stream.recv_pending
         if stream.recv_pending:
             self._credit(stream.recv_pending)
             stream.recv_pending = 0
@@ -667,6 +674,7 @@ class Connection(asyncio.Protocol):
         remembered = self._closed
         for stream_id in sorted(remembered)[:-_CLOSED_KEPT]:
             del remembered[stream_id]
+        self._in_flight = {k: v for k, v in self._in_flight.items() if k in remembered}
 
     def _priority(self, stream_id: int, payload: memoryview) -> None:
         if not stream_id:
