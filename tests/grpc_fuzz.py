@@ -8,6 +8,8 @@ check asserts is what the decoder promises:
 
 - ``infer-request``: ``convert.parse_infer_request`` (and ``request_id_of``) on any bytes
   either succeeds or raises InvalidArgumentError, within a bounded time;
+- ``arriving-request``: ``convert.ArrivingRequest`` shown the same bytes as they arrive,
+  in any pieces, raises what ``split_infer_request`` raises for them whole (or nothing);
 - ``grpc-messages``: a gRPC call whose DATA is any bytes, cut anywhere, unary or
   streaming, compressed or not, ends with a status gRPC names for it (OK, INTERNAL,
   UNIMPLEMENTED, RESOURCE_EXHAUSTED); the connection's reader never raises and the call
@@ -115,6 +117,34 @@ def check_infer_request(data: bytes) -> None:
         pass
     convert.request_id_of(data)
     assert time.perf_counter() - started < 0.5
+
+
+# -- arriving-request ---------------------------------------------------------------------------
+ARRIVING_REQUEST = st.tuples(
+    INFER_REQUEST,
+    st.lists(st.integers(0, 600), max_size=6),  # how much has arrived at each look
+    st.sampled_from((2, 5, convert.MAX_FIELDS)),  # max_fields
+)
+
+
+def _error(walk: Callable[[], object]) -> str | None:
+    try:
+        walk()
+    except InvalidArgumentError as exc:
+        return str(exc)
+    return None
+
+
+def check_arriving_request(case: tuple[bytes, list[int], int]) -> None:
+    data, looks, max_fields = case
+    whole = _error(lambda: convert.split_infer_request(data, max_fields))
+    screen, view = convert.ArrivingRequest(max_fields), memoryview(data)
+
+    def pieces() -> None:
+        for arrived in [*sorted({min(look, len(data)) for look in looks}), len(data)]:
+            screen(view, arrived)
+
+    assert _error(pieces) == whole
 
 
 # -- grpc-messages ------------------------------------------------------------------------------
@@ -259,6 +289,7 @@ def check_ipc_codec(header: bytes) -> None:
 
 TARGETS: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], None]]] = {
     "infer-request": (INFER_REQUEST, check_infer_request),
+    "arriving-request": (ARRIVING_REQUEST, check_arriving_request),
     "grpc-messages": (GRPC_MESSAGES, check_grpc_messages),
     "ipc-codec": (IPC_HEADERS, check_ipc_codec),
 }

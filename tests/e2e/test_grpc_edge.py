@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from bystander import Bystander
+from bystander import Bystander, Seen, p99
 from grpc_raw import INFER, STREAM_INFER, RawGrpc, message
 from tritonclient.grpc import service_pb2 as pb
 
@@ -47,6 +47,8 @@ SLACK = 16 << 20  # what else moves while a test measures (allocator, buffers in
 
 INTERNAL, UNIMPLEMENTED = grpc.StatusCode.INTERNAL.value[0], grpc.StatusCode.UNIMPLEMENTED.value[0]
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+RUNS_PAST = "malformed ModelInferRequest: field runs past the end of the message"
 CUT_SHORT = "the call ended inside a message: its length prefix says more than was sent"
 ONE_MESSAGE = "a unary call needs exactly one request message"
 NO_ENCODING = "a compressed message on a call without grpc-encoding"
@@ -134,8 +136,9 @@ VALID = identity_request()
         (message(VALID) * 2, (UNIMPLEMENTED, ONE_MESSAGE)),
         (message(VALID) + b"\x00\x01", (INTERNAL, CUT_SHORT)),  # stray bytes after it
         (message(VALID)[:-1], (INTERNAL, CUT_SHORT)),  # the prefix says more than was sent
-        # the prefix says less: the rest is a second message, cut short
-        (b"\x00" + (len(VALID) - 1).to_bytes(4, "big") + VALID, (INTERNAL, CUT_SHORT)),
+        # the prefix says less: the message it frames is refused, its last field cut short,
+        # as soon as that is known (before the stray byte after it)
+        (b"\x00" + (len(VALID) - 1).to_bytes(4, "big") + VALID, (INVALID_ARGUMENT, RUNS_PAST)),
         (message(VALID, flag=1), (INTERNAL, NO_ENCODING)),
         (message(VALID, flag=7), (INTERNAL, "a message's Compressed-Flag must be 0 or 1, not 7")),
     ],
@@ -244,28 +247,39 @@ def test_bytes_that_are_no_request_are_refused_quickly(
     assert elapsed < 2.0  # the bytes' transfer, then a few steps
 
 
-def test_others_are_served_while_an_attacker_sends_them_in_a_loop(server: RunningServer) -> None:
+def _attacked(url: str, bystander: Bystander, seconds: float = 3.0) -> Seen:
+    """What the bystander sees while the attacker sends to ``url`` for ``seconds``."""
     context = multiprocessing.get_context("spawn")
     stop, begun, sent = context.Event(), context.Event(), context.Value("i", 0)
-    with Bystander(server.http_url, server.grpc_url) as bystander:
-        alone = bystander.alone()
-        attacker = context.Process(target=_attack, args=(server.grpc_url, stop, begun, sent))
-        attacker.start()
-        try:
-            assert begun.wait(60)
-            with bystander.watching() as seen:
-                threading.Event().wait(3.0)
-        finally:
-            stop.set()
-            attacker.join(60)
-        assert attacker.exitcode == 0 and sent.value >= 4
-        seen.bounds_or_known_gap(
-            alone,
-            "on 2 cores the attacker's 64 MiB messages, copied through loopback by the kernel,"
-            " take the CPU from the server and the bystander (the server's own share is about"
-            " 5 ms per message, in pieces of 2 ms); with the test suite's other servers alive"
-            " a health check now and then takes more than 100 ms",
-        )
+    attacker = context.Process(target=_attack, args=(url, stop, begun, sent))
+    attacker.start()
+    try:
+        assert begun.wait(60)
+        with bystander.watching() as seen:
+            threading.Event().wait(seconds)
+    finally:
+        stop.set()
+        attacker.join(60)
+    assert attacker.exitcode == 0 and sent.value >= 4
+    return seen
+
+
+def test_others_are_served_while_an_attacker_sends_them_in_a_loop(server: RunningServer) -> None:
+    """Each message is refused from its first bytes (``ArrivingRequest``), not gathered, so
+    the server's share of the attack is small: the bystander's health checks stay within
+    the bound. Its p99 against its p99 alone is reported as a known gap where the machine's
+    cores miss it, with what the same attack at another server of the machine costs it."""
+    with run_server(EXAMPLES) as elsewhere, Bystander(server.http_url, server.grpc_url) as seer:
+        alone = seer.alone()
+        control = p99(_attacked(elsewhere.grpc_url, seer).infer)
+        seen = _attacked(server.grpc_url, seer)
+    seen.check_health()
+    seen.p99_or_known_gap(
+        alone,
+        "on 2 cores the attacking process (grpcio writing 64 MiB messages, the kernel copying"
+        " them through loopback until the refusal reaches it) shares the CPU with the"
+        f" bystander: the same attack at another server costs it (p99 {control * 1e3:.2f} ms)",
+    )
 
 
 # -- slow readers -------------------------------------------------------------------------------

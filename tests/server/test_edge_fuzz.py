@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings
 
 from grpc_fuzz import TARGETS
 
-EXAMPLES = {"infer-request": 3000, "grpc-messages": 3000, "ipc-codec": 1000}  # 5-12 s each
+EXAMPLES = {  # 4-8 s each
+    "infer-request": 3000, "arriving-request": 3000, "grpc-messages": 3000, "ipc-codec": 1000,
+}  # fmt: skip
 
 
 @pytest.fixture

@@ -337,6 +337,50 @@ def test_a_guard_refuses_a_call_from_its_headers_before_its_handler_runs() -> No
     run(scenario)
 
 
+class NoBang:
+    """A screen that refuses a message with a ``!`` in it, and records what it was shown."""
+
+    def __init__(self, shown: list[int]) -> None:
+        self.shown = shown
+
+    def __call__(self, data: memoryview, arrived: int) -> None:
+        self.shown.append(arrived)
+        if b"!" in bytes(data[:arrived]):
+            raise Missing("a bang")
+
+
+def test_a_screen_refuses_a_message_in_pieces_before_the_rest_arrives() -> None:
+    """The method's screen sees each piece of a message as it arrives; what it raises ends
+    the call at once, through the server's status_of, and the rest of the message is
+    dropped, not gathered. A whole message in one frame, and a compressed one, are not
+    screened (the handler reads them whole)."""
+    shown: list[int] = []
+
+    def status_of(exc: Exception) -> Status:
+        return (3, str(exc))
+
+    async def scenario() -> None:
+        method = Method(echo, screen=lambda: NoBang(shown))
+        connection, wire = connect({"/t.S/Echo": method}, status_of=status_of)
+        body = message(b"!" + bytes(3 * FRAME))
+        connection.data_received(headers(1, request_head()) + data(1, body[:FRAME]))
+        assert status(wire.of(1)) == (3, "a bang") and shown == [FRAME - 5]
+        assert wire.of(1)[-1] == Frame(RST_STREAM, 0, 1, bytes(4))  # send no more
+        assert not connection.calls
+        rest = [body[at : at + FRAME] for at in range(FRAME, len(body), FRAME)]
+        connection.data_received(b"".join(data(1, piece) for piece in rest))  # dropped
+        assert not wire.closed and not wire.of(1)[2:]
+        shown.clear()
+        call(connection, 3, message(bytes(3 * FRAME)))  # in four frames: screened, let in
+        assert messages_of(await ended(wire, 3)) == [bytes(3 * FRAME)]
+        assert shown == [FRAME - 5, 2 * FRAME - 5, 3 * FRAME - 5, 3 * FRAME]
+        shown.clear()
+        call(connection, 5, message(b"!"))  # whole in one frame: the handler's to read
+        assert messages_of(await ended(wire, 5)) == [b"!"] and not shown
+
+    run(scenario)
+
+
 # -- compression ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("encoding", "squeeze"), [(b"gzip", gzip.compress), (b"deflate", zlib.compress)]

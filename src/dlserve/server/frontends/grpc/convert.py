@@ -6,7 +6,9 @@ top-level fields, keeps each ``raw_input_contents`` entry (field 7) as a
 ``memoryview`` into those bytes, and hands only the small rest to protobuf. The walk
 is in Python, so it is bounded by the message's real structure: bytes that are not a
 ModelInferRequest's fields are refused where they start (INVALID_ARGUMENT), and a
-message of more than ``max_fields`` fields after that many steps. A
+message of more than ``max_fields`` fields after that many steps. The same walk
+(:class:`ArrivingRequest`) looks at a message that arrives in pieces, so that one which is
+no ModelInferRequest is refused from its first bytes, before the rest is gathered. A
 response is serialized the other way round: protobuf writes the metadata and
 each output's bytes are appended as a ``raw_output_contents`` field (6), so
 they are copied once, into the message gRPC sends.
@@ -51,6 +53,7 @@ _RAW_INPUT_KEY: Final = (7 << 3) | 2  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_TAG: Final = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents
 _STREAM_RESPONSE_TAG: Final = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response
 _MALFORMED: Final = "malformed ModelInferRequest"
+_RUNS_PAST: Final = f"{_MALFORMED}: field runs past the end of the message"
 # the top-level fields a ModelInferRequest may have (--grpc-infer-max-fields): a message
 # of millions of tiny fields is refused after this many steps, not walked to its end
 MAX_FIELDS: Final = 4096
@@ -111,7 +114,7 @@ def split_infer_request(
             length, value_start = _read_varint(data, pos + 1, end)
             pos = value_start + length
         if pos > end:
-            raise InvalidArgumentError(f"{_MALFORMED}: field runs past the end of the message")
+            raise InvalidArgumentError(_RUNS_PAST)
         if key == _RAW_INPUT_KEY:
             if kept_from < field_start:
                 kept.append(view[kept_from:field_start])
@@ -119,13 +122,50 @@ def split_infer_request(
             kept_from = pos
     else:
         if pos < end:
-            raise InvalidArgumentError(
-                f"{_MALFORMED}: more than {max_fields} fields (--grpc-infer-max-fields)"
-            )
+            raise _too_many_fields(max_fields)
     if not raws:
         return data, raws
     kept.append(view[kept_from:end])
     return b"".join(kept), raws
+
+
+class ArrivingRequest:
+    """The walk of :func:`split_infer_request` over a ModelInferRequest whose bytes are
+    still arriving (a message in pieces, its size known from gRPC's prefix): called with
+    the message's buffer and how much of it has arrived, it steps over each field whose key
+    and length are in, and raises the error the whole message would get as soon as the
+    bytes that decide it are in. A message that is not one (64 MiB of zeros, millions of
+    tiny fields) is refused after its first bytes, not gathered to its end first."""
+
+    __slots__ = ("_fields", "_max_fields", "_pos")
+    _HEAD: Final = 20  # a key's varint and a length's: what decides a field's extent
+
+    def __init__(self, max_fields: int = MAX_FIELDS) -> None:
+        self._max_fields = max_fields
+        self._pos = 0  # where the next field starts
+        self._fields = 0  # fields stepped over
+
+    def __call__(self, data: memoryview, arrived: int) -> None:
+        pos, end = self._pos, len(data)
+        while pos < end:
+            if self._fields == self._max_fields:
+                raise _too_many_fields(self._max_fields)
+            if arrived < min(end, pos + self._HEAD):
+                break
+            if data[pos] not in _KEYS:
+                raise InvalidArgumentError(_bad_key(data[: min(end, pos + self._HEAD)], pos))
+            length, value_start = _read_varint(data, pos + 1, end)
+            pos = value_start + length
+            if pos > end:
+                raise InvalidArgumentError(_RUNS_PAST)
+            self._fields += 1
+        self._pos = pos
+
+
+def _too_many_fields(max_fields: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{_MALFORMED}: more than {max_fields} fields (--grpc-infer-max-fields)"
+    )
 
 
 def _bad_key(data: bytes | memoryview, pos: int) -> str:

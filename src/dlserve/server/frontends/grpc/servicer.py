@@ -119,6 +119,12 @@ class GrpcServicer:
         return pb.ModelConfigResponse(config=config)
 
     # -- inference ----------------------------------------------------------------------
+    def arriving_request(self) -> convert.ArrivingRequest:
+        """A look at a ModelInferRequest arriving in pieces: one that is no such message
+        is refused from its first bytes. ModelInfer's only: a stream answers a bad message
+        with an error in the stream and goes on, so its messages are gathered whole."""
+        return convert.ArrivingRequest(self._max_fields)
+
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
         parsed = convert.parse_infer_request(request, self._max_fields)
         parsed.peer = shm.peer_of(context.peer())
@@ -338,7 +344,7 @@ def method_handlers(s: GrpcServicer) -> dict[str, Method]:
                                  pb.ServerMetadataResponse),
         "ModelMetadata": _unary(s.model_metadata, pb.ModelMetadataRequest,
                                 pb.ModelMetadataResponse),
-        "ModelInfer": Method(s.model_infer),
+        "ModelInfer": Method(s.model_infer, screen=s.arriving_request),
         "ModelStreamInfer": Method(s.model_stream_infer, streaming=True),
         "ModelConfig": _unary(s.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
         "ModelStatistics": _unary(s.model_statistics, pb.ModelStatisticsRequest,

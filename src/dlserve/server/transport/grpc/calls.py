@@ -35,6 +35,10 @@ Streaming = Callable[[AsyncIterator[Any], "Context"], AsyncIterator[Any]]
 # a condition on a call's headers, checked before its handler runs (say, that a header
 # carries a key): None lets the call in, a status refuses it
 Guard = Callable[[Headers], Status | None]
+# a look at a message while it arrives in pieces, called with its buffer and how much of
+# it is in: what it raises ends the call (as the handler's failure would), before the
+# rest is gathered; one is made for each uncompressed message that arrives in pieces
+Screen = Callable[[memoryview, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class Method:
     deserialize: Callable[[memoryview], Any] | None = None
     serialize: Callable[[Any], bytes] | None = None
     guard: Guard | None = None
+    screen: Callable[[], Screen] | None = None
 
 
 class Context:
@@ -115,8 +120,8 @@ class Context:
 
 class Call:
     __slots__ = ("buffer", "context", "deadline", "encoding", "filled", "inbox", "inbox_bytes",
-                 "message", "method", "remote_ended", "started", "stream_id", "task",
-                 "waiter")  # fmt: skip
+                 "message", "method", "remote_ended", "screen", "started", "stream_id",
+                 "task", "waiter")  # fmt: skip
 
     def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
         self.stream_id = stream_id
@@ -126,6 +131,7 @@ class Call:
         self.buffer = bytearray()  # the 5-byte prefix of a message, arriving in pieces
         self.message: memoryview | None = None  # a message arriving in pieces (prefix first)
         self.filled = 0  # bytes of ``message`` arrived
+        self.screen: Screen | None = None  # the method's look at ``message`` as it arrives
         self.inbox: deque[Any] = deque()  # whole messages (and END) not yet taken
         self.inbox_bytes = 0
         self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting

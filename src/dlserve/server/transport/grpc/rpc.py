@@ -14,7 +14,8 @@ fewer than one message, a stream that ends inside a message, a Compressed-Flag o
 (UNIMPLEMENTED for the number of messages, INTERNAL for the rest); errors are
 "trailers-only" responses with ``grpc-status`` and a percent-encoded ``grpc-message``.
 A handler's failure becomes a status through the server's ``status_of``; a method's
-``guard`` may refuse a call from its headers before its handler runs.
+``guard`` may refuse a call from its headers before its handler runs, and its ``screen``
+a message arriving in pieces from its first bytes, before the rest is gathered.
 
 ``GrpcConnection`` subclasses the HTTP/2 ``Connection`` because it is one: an HTTP/2
 connection whose streams are calls. It answers the connection's stream callbacks, which
@@ -209,13 +210,22 @@ class GrpcConnection(Connection):
                 # not bytearray(size): calloc's fresh pages fault on every first write
                 message = call.message = np.empty(size, np.uint8).data
                 call.filled = 0
+                screen = call.method.screen
+                call.screen = screen() if screen is not None and not call.buffer[0] else None
             take = min(len(message) - call.filled, len(data))
             message[call.filled : call.filled + take] = data[:take]
             call.filled += take
             data = data[take:]
+            if call.screen is not None:
+                try:
+                    call.screen(message, call.filled)
+                except Exception as exc:  # the message is refused: the rest is not gathered
+                    call.message = call.screen = None
+                    self._finish(call, *self._status_of(exc))
+                    return
             if call.filled == len(message):
                 flag = call.buffer[0]
-                call.message = None
+                call.message = call.screen = None
                 call.buffer.clear()
                 self._message(call, flag, message)
                 if self.calls.get(call.stream_id) is not call:
