@@ -123,9 +123,10 @@ FLOOD_GAP = (
     " bystander: the same flood at another server costs it"
 )
 WRITE_GAP = (
-    "on 2 cores a single large write (70 MiB read and refused) still costs other clients"
-    " more than twice their p99, and with the test suite's other servers alive a health"
-    " check now and then more than 100 ms"
+    "on 2 cores the writing process (70 MiB written, three times) and the server reading it"
+    " share the CPU with the bystander, and with the test suite's other servers alive a"
+    " health check takes more than 100 ms now and then: the same writes to another server"
+    " cost it"
 )
 
 
@@ -194,17 +195,27 @@ def _writes_child(port: int, name: str, out: multiprocessing.Queue) -> None:  # 
     out.put(codes)
 
 
-@pytest.mark.parametrize("name", sorted(WRITES))
-def test_a_single_write_attack_gets_its_goaway_and_others_are_served(
-    server: RunningServer, bystander: Bystander, name: str
-) -> None:
+def _writes(port: int, name: str) -> list[int]:
     context = multiprocessing.get_context("fork")
     out = context.Queue()
+    child = context.Process(target=_writes_child, args=(port, name, out))
+    child.start()
+    codes = out.get(timeout=120)
+    child.join(10)
+    return codes
+
+
+@pytest.mark.parametrize("name", sorted(WRITES))
+def test_a_single_write_attack_gets_its_goaway_and_others_are_served(
+    server: RunningServer, elsewhere: RunningServer, bystander: Bystander, name: str
+) -> None:
+    """Each write ends in its GOAWAY; the bystander's bounds, where the machine's cores
+    miss them, are a known gap reported with what the same writes to another server of
+    the machine cost it."""
     alone = bystander.alone()
+    with bystander.watching() as control:
+        _writes(elsewhere.grpc_port, name)
     with bystander.watching() as seen:
-        child = context.Process(target=_writes_child, args=(server.grpc_port, name, out))
-        child.start()
-        codes = out.get(timeout=120)
-        child.join(10)
+        codes = _writes(server.grpc_port, name)
     assert codes == [WRITES[name][1]] * 3
-    seen.bounds_or_known_gap(alone, WRITE_GAP)
+    seen.bounds_or_known_gap(alone, f"{WRITE_GAP} (p99 {p99(control.infer) * 1e3:.2f} ms)")

@@ -179,6 +179,30 @@ def test_a_buffer_of_tiny_frames_is_handled_over_several_turns() -> None:
     asyncio.run(scenario())
 
 
+def test_a_connection_read_at_full_speed_lets_the_loop_turn_every_mebibyte() -> None:
+    """The loop reads a ready socket up to 32 times before its next turn (libuv): each
+    read's frames are handled, but past 1 MiB read the connection pauses reading until the
+    loop has turned, so other connections wait for at most about a mebibyte's work."""
+
+    async def scenario() -> None:
+        connection, wire = _connected()
+        connection.data_received(headers(1, request_head()))
+        piece = data(1, bytes(16384)) * 16  # 256 KiB of DATA, as one read brings
+        for _ in range(3):
+            connection.data_received(piece)
+        assert not wire.paused
+        connection.data_received(piece)
+        assert wire.paused  # a mebibyte: the loop's turn first
+        turned = asyncio.Event()
+        asyncio.get_running_loop().call_soon(turned.set)
+        await turned.wait()
+        assert not wire.paused
+        taken = sum(len(e[2]) for e in connection.events if e[0] == "data")
+        assert taken == 4 * 16 * 16384  # every read handled, nothing left behind
+
+    asyncio.run(scenario())
+
+
 def test_keepalive_pings_and_closes_a_connection_that_does_not_answer() -> None:
     async def scenario() -> None:
         limits = Limits(keepalive_time_ms=10, keepalive_timeout_ms=50)

@@ -24,7 +24,8 @@ A stream's window is given back as its messages are taken (a subclass may hold i
 cheap frames (rapid reset, SETTINGS, PING, empty frames) spend per-second budgets; past
 them the client gets GOAWAY ENHANCE_YOUR_CALM. ``data_received`` handles at most
 ``_FRAMES_PER_TURN`` frames and leaves the rest for the loop's next turn, with reading
-paused: one connection never holds the event loop for long. Keepalive PINGs, the client's
+paused, and reading pauses for a turn after each ``_BYTES_PER_TURN`` read: one
+connection never holds the event loop for long. Keepalive PINGs, the client's
 PING strikes and the idle timeout run on the loop's timers (``call_later``), one handle
 each per connection.
 
@@ -90,6 +91,9 @@ log = logging.getLogger("dlserve.grpc")
 _STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _FRAMES_PER_TURN: Final = 64  # frames handled per data_received before the loop's turn
+# bytes read from one connection before it lets the loop turn: the loop reads a ready
+# socket up to 32 times in one turn (libuv), 8 MiB at full speed
+_BYTES_PER_TURN: Final = 1 << 20
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
 _SMALL_DATA: Final = 1024  # what a DATA frame costs at least of a stream's in-flight allowance
@@ -130,6 +134,7 @@ class Connection(asyncio.Protocol):
         self._partial_size = 0
         self._needed = 0  # bytes the partial frame needs in all
         self._backlog: list[bytes] | None = None  # bytes left for the loop's next turn
+        self._read = 0  # bytes read since the loop last turned (_BYTES_PER_TURN)
         self._backlog_at = 0  # where in the first of them
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
         # (stream id, its flags, payload bytes still to come)
@@ -225,8 +230,20 @@ class Connection(asyncio.Protocol):
         DATA frame, whose payload is handed on piece by piece as it arrives (no copy here)."""
         if self._backlog is not None:
             self._backlog.append(data)
-        elif not self._dead:
-            self._receive(data)
+            return
+        if self._dead:
+            return
+        self._receive(data)
+        self._read += len(data)
+        if self._read >= _BYTES_PER_TURN and self._turns is not None:
+            self._read = 0
+            if self._backlog is None and self.transport is not None and not self._dead:
+                self.transport.pause_reading()  # the loop's turn, then the next read
+                self._turns.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        if self._backlog is None and self.transport is not None and not self._dead:
+            self.transport.resume_reading()
 
     def _receive(self, data: bytes, pos: int = 0) -> None:
         try:
