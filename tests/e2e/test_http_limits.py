@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from bystander import Bystander
+from bystander import Bystander, Seen, p99
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, TEST_MODELS, RunningServer, repository_of, run_server
@@ -209,6 +210,11 @@ def _live(client: grpcclient.InferenceServerClient) -> bool:
 # --- floods and slow readers, watched by a bystander ------------------------------------
 
 
+EDGE_OPTIONS = (
+    "--http-header-timeout", "1", "--http-send-timeout", "3", "--http-idle-timeout", "60",
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """The examples and sized_output; the head timeout 1 s, the send timeout 3 s; file
@@ -221,40 +227,52 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     for model in (EXAMPLES / "identity_fp32", TEST_MODELS / "sized_output"):
         repository_of(root, model)
     try:
-        with run_server(
-            root, "--http-header-timeout", "1", "--http-send-timeout", "3",
-            "--http-idle-timeout", "60",
-        ) as running:  # fmt: skip
+        with run_server(root, *EDGE_OPTIONS) as running:
             yield running
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def _drip_fed(server: RunningServer, bystander: Bystander) -> tuple[Seen, dict[str, Any]]:
+    """What the bystander sees while FLOOD drip-fed connections are open to ``server``
+    until its head timeout closes them, and the attacker's report; RSS before, during and
+    after, printed."""
+    pid = server.process.pid
+    before = _rss(pid)
+    with bystander.watching() as seen, subprocess.Popen(
+        [sys.executable, str(HERE / "slowloris.py"), str(server.http_port), str(FLOOD)],
+        stdout=subprocess.PIPE, text=True,
+    ) as attacker:  # fmt: skip
+        assert attacker.stdout is not None
+        assert attacker.stdout.readline().split() == ["open", str(FLOOD)]
+        during = _rss(pid)
+        report = json.loads(attacker.stdout.readline())
+    report["rss"] = before, during, _rss(pid)
+    print(f"RSS before {before >> 10} KiB, during {during >> 10}: {report}")
+    return seen, report
+
+
 def test_drip_fed_connections_are_closed_by_the_head_timeout(edge: RunningServer) -> None:
-    pid = edge.process.pid
+    """The head timeout answers every one 408 and closes it; the server's RSS grows by a
+    bounded amount meanwhile, and the bystander's health checks stay within the bound. Its
+    p99 against its p99 alone is reported as a known gap where the machine's cores miss
+    it, with what the same attack at another server of the machine costs it."""
     with Bystander(edge.http_url, edge.grpc_url) as bystander:
         alone = bystander.alone()
-        before = _rss(pid)
-        with bystander.watching() as seen, subprocess.Popen(
-            [sys.executable, str(HERE / "slowloris.py"), str(edge.http_port), str(FLOOD)],
-            stdout=subprocess.PIPE, text=True,
-        ) as attacker:  # fmt: skip
-            assert attacker.stdout is not None
-            assert attacker.stdout.readline().split() == ["open", str(FLOOD)]
-            during = _rss(pid)
-            report = json.loads(attacker.stdout.readline())
-        after = _rss(pid)
-        print(
-            f"RSS before {before >> 10} KiB, during {during >> 10}, after {after >> 10}: {report}"
-        )
+        with run_server(edge.repository, *EDGE_OPTIONS) as elsewhere:
+            control, _ = _drip_fed(elsewhere, bystander)
+        seen, report = _drip_fed(edge, bystander)
     seen.check_health()
     assert report["closed"] == report["timed_out"] == FLOOD, report
     assert report["seconds"] < 10, report
-    assert during - before < FLOOD_RSS_BOUND, (before, during, after)
+    before, during, _ = report["rss"]
+    assert during - before < FLOOD_RSS_BOUND, report["rss"]
     seen.p99_or_known_gap(
         alone,
-        "on 2 cores the attacker's process opening 2,000 connections competes with the server"
-        " for the CPU; the bound holds on a machine with cores to spare",
+        "on 2 cores the attacker's process and the server it drips into share the CPU with"
+        " the bystander (the server handles each round of 2,000 drips, 10-15 ms, in one turn"
+        " of its loop): the same attack at another server costs it"
+        f" (p99 {p99(control.infer) * 1e3:.2f} ms)",
     )
 
 
