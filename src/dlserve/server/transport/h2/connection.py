@@ -91,8 +91,9 @@ log = logging.getLogger("dlserve.grpc")
 _STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
 _FRAMES_PER_TURN: Final = 64  # frames handled per data_received before the loop's turn
-# bytes read from one connection before it lets the loop turn: the loop reads a ready
-# socket up to 32 times in one turn (libuv), 8 MiB at full speed
+# bytes read from one connection between two pauses of its reading for a turn of the
+# loop: the loop reads a ready socket up to 32 times in one turn (libuv), 8 MiB at full
+# speed, before it serves anyone else
 _BYTES_PER_TURN: Final = 1 << 20
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
@@ -134,7 +135,7 @@ class Connection(asyncio.Protocol):
         self._partial_size = 0
         self._needed = 0  # bytes the partial frame needs in all
         self._backlog: list[bytes] | None = None  # bytes left for the loop's next turn
-        self._read = 0  # bytes read since the loop last turned (_BYTES_PER_TURN)
+        self._read = 0  # bytes read since reading last paused for a turn (_BYTES_PER_TURN)
         self._backlog_at = 0  # where in the first of them
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
         # (stream id, its flags, payload bytes still to come)
