@@ -91,6 +91,16 @@ class RawGrpc:
                 updates = frame(WINDOW_UPDATE, 0, 0, size) + frame(WINDOW_UPDATE, 0, sid, size)
                 self.sock.sendall(updates)
 
+    def first_data(self, stream: int, deadline_s: float = 30) -> bytes:
+        """Read until the stream's first DATA frame; its payload (a message, when small)."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            kind, _, sid, payload = self._frame(deadline)
+            if kind == DATA and sid == stream and payload:
+                return payload
+            if kind == GOAWAY and not sid:
+                raise ConnectionError(f"GOAWAY: {payload[8:]!r}")
+
     def closed_by_server(self, deadline_s: float) -> bool:
         """Whether the server closes the connection within ``deadline_s`` (what it sends
         meanwhile is read and dropped)."""

@@ -247,6 +247,39 @@ def test_bytes_that_are_no_request_are_refused_quickly(
     assert elapsed < 2.0  # the bytes' transfer, then a few steps
 
 
+def test_a_stream_answers_a_message_that_is_no_request_before_the_rest_arrives(
+    server: RunningServer,
+) -> None:
+    """A stream's message of 1 GiB announced, its first 64 KiB sent, all zeros: its error
+    comes back in the stream at once, the rest never sent nor waited for."""
+    raw = RawGrpc(server.grpc_url)
+    try:
+        head = b"\x00" + (1 << 30).to_bytes(4, "big")
+        stream = raw.call(STREAM_INFER, head + bytes(64 << 10), end=False)
+        reply = pb.ModelStreamInferResponse.FromString(raw.first_data(stream, 10)[5:])
+    finally:
+        raw.close()
+    assert reply.error_message == "malformed ModelInferRequest: field number 0 at byte 0"
+
+
+def test_a_stream_answers_bytes_that_are_no_request_in_the_stream_and_goes_on(
+    server: RunningServer,
+) -> None:
+    """The 64 MiB of zeros on ModelStreamInfer: their error comes back in the stream, and
+    the stream's next request is served."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        replies = [
+            pb.ModelStreamInferResponse.FromString(reply)
+            for reply in stream(iter([ZEROS, VALID]), timeout=60)
+        ]
+    assert sorted(reply.error_message for reply in replies) == [
+        "", "malformed ModelInferRequest: field number 0 at byte 0",
+    ]  # fmt: skip
+    [served] = [reply.infer_response for reply in replies if not reply.error_message]
+    assert served.model_name == "identity_fp32" and served.raw_output_contents
+
+
 def _attacked(url: str, bystander: Bystander, seconds: float = 3.0) -> Seen:
     """What the bystander sees while the attacker sends to ``url`` for ``seconds``."""
     context = multiprocessing.get_context("spawn")

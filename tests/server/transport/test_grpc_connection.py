@@ -20,6 +20,7 @@ from h2_wire import Frame, Wire, data, fields, headers, message, opening, reques
 from dlserve.server.transport.grpc.calls import (
     Context,
     Method,
+    Refused,
     parse_timeout,
     trailers,
 )
@@ -377,6 +378,38 @@ def test_a_screen_refuses_a_message_in_pieces_before_the_rest_arrives() -> None:
         shown.clear()
         call(connection, 5, message(b"!"))  # whole in one frame: the handler's to read
         assert messages_of(await ended(wire, 5)) == [b"!"] and not shown
+
+    run(scenario)
+
+
+async def answering(
+    requests: AsyncIterator[memoryview | Refused], context: Context
+) -> AsyncIterator[bytes]:
+    """Echoes each message; a refused one is answered with what the screen raised."""
+    async for request in requests:
+        if isinstance(request, Refused):
+            yield f"refused: {request.error}".encode()
+        else:
+            yield bytes(request)
+
+
+def test_a_streaming_handler_gets_what_its_screen_refused_in_the_messages_place() -> None:
+    """A stream's message refused as it arrives reaches the handler as ``Refused`` (the
+    stream goes on), its rest dropped; the next message is gathered as usual. A stream that
+    ends inside a refused message has been cut short, as inside any other."""
+    shown: list[int] = []
+
+    async def scenario() -> None:
+        method = Method(answering, streaming=True, screen=lambda: NoBang(shown))
+        connection, wire = connect({"/t.S/Chat": method})
+        bad, good = message(b"!" + bytes(3 * FRAME)), message(bytes(2 * FRAME))
+        call(connection, 1, bad, good, path=b"/t.S/Chat")
+        frames = await ended(wire, 1)
+        assert messages_of(frames) == [b"refused: a bang", bytes(2 * FRAME)]
+        assert status(frames) == (0, "")
+        assert FRAME - 5 in shown and len(bad) - 5 not in shown  # the rest: not gathered
+        call(connection, 3, bad[: 2 * FRAME], path=b"/t.S/Chat")
+        assert status(await ended(wire, 3)) == CUT_SHORT
 
     run(scenario)
 

@@ -37,7 +37,7 @@ from dlserve.server.frontends.restrictions import (
     Restrictions,
     group_of,
 )
-from dlserve.server.transport.grpc.calls import Context, Guard, Method, Parts
+from dlserve.server.transport.grpc.calls import Context, Guard, Method, Parts, Refused
 from dlserve.server.transport.grpc.limits import DEFAULT_LIMITS, GrpcLimits
 from dlserve.server.transport.grpc.listener import GrpcServer, TlsOptions
 from dlserve.server.transport.grpc.outbox import Outbox
@@ -121,8 +121,8 @@ class GrpcServicer:
     # -- inference ----------------------------------------------------------------------
     def arriving_request(self) -> convert.ArrivingRequest:
         """A look at a ModelInferRequest arriving in pieces: one that is no such message
-        is refused from its first bytes. ModelInfer's only: a stream answers a bad message
-        with an error in the stream and goes on, so its messages are gathered whole."""
+        is refused from its first bytes (ModelInfer's call ends; a stream gets the error in
+        the stream, as for a whole bad message, and goes on)."""
         return convert.ArrivingRequest(self._max_fields)
 
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
@@ -149,7 +149,7 @@ class GrpcServicer:
         return trace
 
     async def model_stream_infer(
-        self, requests: AsyncIterator[memoryview], context: Any
+        self, requests: AsyncIterator[memoryview | Refused], context: Any
     ) -> AsyncIterator[bytes | Parts]:
         """Requests run concurrently (up to STREAM_WINDOW); responses leave as they come,
         as Triton sends them: a decoupled model's responses interleave with the others'.
@@ -179,7 +179,7 @@ class GrpcServicer:
                 task.cancel()
 
     async def _read_stream(
-        self, requests: AsyncIterator[memoryview], window: asyncio.Semaphore,
+        self, requests: AsyncIterator[memoryview | Refused], window: asyncio.Semaphore,
         end: StreamEnd, tasks: set[asyncio.Task[None]], peer: Peer, context: Context,
     ) -> None:  # fmt: skip
         """Each request starts as one of its connection's calls (``context.may_start``: the
@@ -209,13 +209,15 @@ class GrpcServicer:
             end.out.put_nowait(None)
 
     async def _stream_one(
-        self, data: memoryview, peer: Peer, end: StreamEnd, window: asyncio.Semaphore,
-        waited: int, context: Context,
+        self, data: memoryview | Refused, peer: Peer, end: StreamEnd,
+        window: asyncio.Semaphore, waited: int, context: Context,
     ) -> None:  # fmt: skip
         request: InferRequest | None = None
         trace: Trace | None = None
         out = end.out
         try:
+            if isinstance(data, Refused):  # refused as it arrived (arriving_request)
+                raise data.error
             request = convert.parse_infer_request(data, self._max_fields)
             request.peer = peer
             if waited:
@@ -241,7 +243,10 @@ class GrpcServicer:
                 log.exception("gRPC ModelStreamInfer request failed")
             if end.ends_with(exc):
                 return
-            request_id = request.id if request is not None else convert.request_id_of(data)
+            if request is not None:
+                request_id = request.id
+            else:  # a message the walk refuses has no id to read (nor has it whole)
+                request_id = "" if isinstance(data, Refused) else convert.request_id_of(data)
             out.put_nowait(convert.serialize_stream_error(error_message(exc), request_id))
         finally:
             window.release()
@@ -345,7 +350,8 @@ def method_handlers(s: GrpcServicer) -> dict[str, Method]:
         "ModelMetadata": _unary(s.model_metadata, pb.ModelMetadataRequest,
                                 pb.ModelMetadataResponse),
         "ModelInfer": Method(s.model_infer, screen=s.arriving_request),
-        "ModelStreamInfer": Method(s.model_stream_infer, streaming=True),
+        "ModelStreamInfer": Method(s.model_stream_infer, streaming=True,
+                                   screen=s.arriving_request),
         "ModelConfig": _unary(s.model_config, pb.ModelConfigRequest, pb.ModelConfigResponse),
         "ModelStatistics": _unary(s.model_statistics, pb.ModelStatisticsRequest,
                                   pb.ModelStatisticsResponse),

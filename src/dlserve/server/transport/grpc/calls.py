@@ -36,8 +36,10 @@ Streaming = Callable[[AsyncIterator[Any], "Context"], AsyncIterator[Any]]
 # carries a key): None lets the call in, a status refuses it
 Guard = Callable[[Headers], Status | None]
 # a look at a message while it arrives in pieces, called with its buffer and how much of
-# it is in: what it raises ends the call (as the handler's failure would), before the
-# rest is gathered; one is made for each uncompressed message that arrives in pieces
+# it is in; one is made for each uncompressed message that arrives in pieces. What it
+# raises refuses the message before the rest is gathered (the rest is dropped): it ends a
+# unary call (as the handler's failure would); a streaming handler gets it as ``Refused``
+# in the message's place
 Screen = Callable[[memoryview, int], None]
 
 
@@ -51,6 +53,19 @@ class Method:
     serialize: Callable[[Any], bytes] | None = None
     guard: Guard | None = None
     screen: Callable[[], Screen] | None = None
+
+
+class Refused:
+    """A streaming call's message that its method's screen refused as it arrived: what the
+    screen raised (nothing of the message is kept)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __len__(self) -> int:  # what it holds of the call's inbox: the rest is dropped
+        return 0
 
 
 class Context:
@@ -120,8 +135,8 @@ class Context:
 
 class Call:
     __slots__ = ("buffer", "context", "deadline", "encoding", "filled", "inbox", "inbox_bytes",
-                 "message", "method", "remote_ended", "screen", "started", "stream_id",
-                 "task", "waiter")  # fmt: skip
+                 "message", "method", "remote_ended", "screen", "skip", "started",
+                 "stream_id", "task", "waiter")  # fmt: skip
 
     def __init__(self, stream_id: int, method: Method, context: Context, encoding: str) -> None:
         self.stream_id = stream_id
@@ -132,6 +147,7 @@ class Call:
         self.message: memoryview | None = None  # a message arriving in pieces (prefix first)
         self.filled = 0  # bytes of ``message`` arrived
         self.screen: Screen | None = None  # the method's look at ``message`` as it arrives
+        self.skip = 0  # bytes still to come of a message the screen refused: dropped
         self.inbox: deque[Any] = deque()  # whole messages (and END) not yet taken
         self.inbox_bytes = 0
         self.waiter: asyncio.Future[None] | None = None  # a streaming handler waiting

@@ -40,6 +40,7 @@ from dlserve.server.transport.grpc.calls import (
     Call,
     Context,
     Parts,
+    Refused,
     Streaming,
     Unary,
     parse_timeout,
@@ -185,7 +186,7 @@ class GrpcConnection(Connection):
             self._gather(call, memoryview(data))
         if end_stream and self.calls.get(stream_id) is call:
             call.remote_ended = True
-            if call.message is not None or call.buffer:
+            if call.message is not None or call.buffer or call.skip:
                 self._finish(call, INTERNAL, CUT_SHORT)
                 return
             self._deliver(call, END)
@@ -194,6 +195,11 @@ class GrpcConnection(Connection):
         """Messages arriving in pieces: each is copied once, into a buffer of its size made
         when its 5-byte prefix is in (no copy of what arrived before, however large)."""
         while data:
+            if call.skip:  # the rest of a message the screen refused: dropped
+                take = min(call.skip, len(data))
+                call.skip -= take
+                data = data[take:]
+                continue
             message = call.message
             if message is None:
                 take = min(5 - len(call.buffer), len(data))
@@ -221,8 +227,13 @@ class GrpcConnection(Connection):
                     call.screen(message, call.filled)
                 except Exception as exc:  # the message is refused: the rest is not gathered
                     call.message = call.screen = None
-                    self._finish(call, *self._status_of(exc))
-                    return
+                    if not call.method.streaming:
+                        self._finish(call, *self._status_of(exc))
+                        return
+                    call.skip = len(message) - call.filled
+                    call.buffer.clear()
+                    self._deliver(call, Refused(exc))
+                    continue
             if call.filled == len(message):
                 flag = call.buffer[0]
                 call.message = call.screen = None
@@ -274,6 +285,9 @@ class GrpcConnection(Connection):
                 self.give_back(call.stream_id)
             if type(item) is Compressed:
                 item = await self._inflated(call, item)
+            elif type(item) is Refused:
+                yield item  # the handler's to answer; nothing to deserialize
+                continue
             if self.budget.stream_waits():
                 await self.budget.wait(unary=False)
             yield deserialize(item) if deserialize is not None else item
