@@ -106,8 +106,8 @@ def test_a_stream_of_empty_continuations_gets_enhance_your_calm() -> None:
 def test_data_sent_before_the_client_heard_the_stream_end_is_no_flood() -> None:
     """DATA on a stream the server ended (its response sent, or RST_STREAM) before the
     client ended it is dropped; up to the rest of the stream's window it is what the client
-    may have sent before the end reached it, and free; past that each frame is a control
-    frame, and a flood of them gets ENHANCE_YOUR_CALM."""
+    may have sent before the end reached it, and free; past that, and empty, each frame is
+    a control frame, and a flood of them gets ENHANCE_YOUR_CALM."""
     limits = Limits(max_control_frames_per_s=100)  # 20 at once
     piece = bytes(16384)
     rest = (STREAM_WINDOW - len(piece)) // len(piece)
@@ -122,6 +122,11 @@ def test_data_sent_before_the_client_heard_the_stream_end_is_no_flood() -> None:
         assert not wire.closed, end
         connection.data_received(data(1, b"x") * 30)
         assert _goaway(wire)[0] == ENHANCE_YOUR_CALM, end
+        connection, wire = _connected(limits)  # empty DATA: never what was on its way
+        connection.data_received(headers(1, request_head()) + data(1, piece))
+        connection.reset_stream(1, NO_ERROR)
+        connection.data_received(data(1, b"") * 30)
+        assert _goaway(wire)[0] == ENHANCE_YOUR_CALM
 
 
 def test_pings_too_often_without_data_are_strikes_then_too_many_pings() -> None:

@@ -462,8 +462,9 @@ class Connection(asyncio.Protocol):
             return
         # a stream we ended: its DATA still coming is dropped, free while the client may
         # have sent it before it heard (RFC 9113 5.1 "closed"), a control frame past that
+        # (and an empty one always, as on an open stream)
         left = self._in_flight.get(stream_id, 0) - max(length, _SMALL_DATA)
-        if left >= 0:
+        if length and left >= 0:
             self._in_flight[stream_id] = left
         else:
             self._in_flight.pop(stream_id, None)
