@@ -32,10 +32,12 @@ def test_a_stopped_server_fails(server: RunningServer) -> None:
     with Bystander(server.http_url, server.grpc_url) as bystander:
         alone = bystander.alone()
         with bystander.watching() as seen:
-            os.kill(server.process.pid, signal.SIGSTOP)  # every request waits 200 ms
+            os.kill(server.process.pid, signal.SIGSTOP)  # the request in flight waits 200 ms
             try:
                 threading.Event().wait(0.2)
             finally:
                 os.kill(server.process.pid, signal.SIGCONT)
-        with pytest.raises(AssertionError, match="health answered in"):
+        # the call in flight is a health check (it takes 200 ms) or an inference (one of the
+        # few the watch makes, so the p99 is that one): either bound fails
+        with pytest.raises(AssertionError, match=r"health answered in|inference p99 "):
             seen.check(alone)
