@@ -124,9 +124,10 @@ FLOOD_GAP = (
 )
 WRITE_GAP = (
     "on 2 cores the writing process (70 MiB written, three times) and the server reading it"
-    " share the CPU with the bystander, and with the test suite's other servers alive a"
-    " health check takes more than 100 ms now and then: the same writes to another server"
-    " cost it"
+    " share the CPU with the bystander; and on a VM whose host takes back the guest's free"
+    " memory, the first time the server's heap grows by those 70 MiB each new page's first"
+    " write waits for the host (the loop held 10-50 ms a turn; docs/network-edge.md, The"
+    " server's pages): the same writes to another server cost it"
 )
 
 
