@@ -49,7 +49,7 @@ async def answer(scope: dict[str, Any], receive: Receive, send: Send) -> None:
 
 def test_connections_due_together_are_answered_a_few_dozen_a_turn() -> None:
     """Drip-fed connections come due in the same sweep: it answers them 408 a few dozen a
-    turn of the loop (2,000 at once held it 10-20 ms), every one in the end."""
+    turn of the loop (2,000 at once held it up to 9 ms at a time), every one in the end."""
 
     async def scenario() -> None:
         server = HttpServer(answer, "127.0.0.1", 0, limits=LIMITS)
