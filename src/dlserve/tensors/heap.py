@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 import sys
@@ -50,6 +51,7 @@ PR_GET_THP_DISABLE: Final = 42
 _huge_pages_off = False  # this process turned them off (no_huge_pages)
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
