@@ -22,6 +22,10 @@ with no request sent. So attack code that loops (a flood) runs in a process of i
 the lowest priority (``os.nice(19)``), as an attacker on another host would; one that
 writes once and holds (a bomb, idle connections) needs no such care.
 
+With ``BYSTANDER_LOG=PATH`` set, each check appends one JSON line to PATH: the test, the
+inference p99 against alone, and the slowest health checks (how a run on another machine
+reports its numbers for the tests that pass).
+
 Run as a script it is the child: commands on stdin (``watch``, then ``stop``),
 one JSON line of latencies (seconds) on stdout for each.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import subprocess
 import sys
@@ -61,6 +66,22 @@ class Seen:
     infer: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
+    def report(self, alone: Seen) -> None:
+        """One JSON line of the numbers to ``BYSTANDER_LOG``, where it is set."""
+        path = os.environ.get("BYSTANDER_LOG")
+        if not path or not (self.infer and alone.infer):
+            return
+        line = {
+            "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+            "p99_ms": round(p99(self.infer) * 1e3, 3),
+            "alone_p99_ms": round(p99(alone.infer) * 1e3, 3),
+            "health_max_ms": [
+                round(max(h, default=0.0) * 1e3, 2) for h in (self.http_health, self.grpc_health)
+            ],
+        }
+        with open(path, "a") as log:
+            print(json.dumps(line), file=log)
+
     def check(self, alone: Seen) -> None:
         """Both bounds: health within 100 ms, inference p99 within 2x alone."""
         self.check_health()
@@ -73,6 +94,7 @@ class Seen:
         assert max(worst) <= bound_s, f"health answered in {worst} s (HTTP, gRPC)"
 
     def check_p99(self, alone: Seen) -> None:
+        self.report(alone)
         ours, theirs = p99(self.infer), p99(alone.infer)
         assert ours <= P99_FACTOR * theirs, (
             f"inference p99 {ours * 1e3:.2f} ms against {theirs * 1e3:.2f} ms alone"
