@@ -9,7 +9,6 @@ Waking a sleeping process costs more than a small request's own work; docs/archi
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 from collections.abc import Sized
@@ -27,8 +26,8 @@ def set_busy_poll(
     """Trade CPU for latency. ``microseconds`` (``--busy-poll-us``): workers started from
     now on poll for their next frame this long before sleeping, and while requests are in
     flight the server's loop polls for replies instead of sleeping. ``reply_poll_us``
-    (``--reply-poll-us``): without that, the server's loop still polls for a reply this
-    long after it sends a request, then sleeps. ``request_poll_us``
+    (``--reply-poll-us``): the server's loop polls this long after it last sent a
+    request, for the reply and for clients' next requests, then sleeps. ``request_poll_us``
     (``--request-poll-us``): workers started from now on poll for their next frame at
     least this long before sleeping. Waking a sleeping process costs more than a small
     request's own work."""
@@ -50,39 +49,45 @@ def worker_poll_us() -> int:
 
 
 class _Spinner:
-    """While workers have requests in flight, keep the event loop polling (a callback
-    that reschedules itself makes the loop poll its selector without sleeping), so a
-    reply is read as soon as it arrives instead of after the loop thread wakes up: for
-    ``_reply_poll_s`` after the last request went out, or as long as any is in flight
-    with ``--busy-poll-us``. A request that takes longer finds the loop asleep. Each turn
-    yields the CPU (``sched_yield``): on a machine with few cores the worker and the
-    clients run first, and the loop spins only on a core nobody else wants."""
+    """Keep the event loop polling (a callback that reschedules itself makes the loop poll
+    its selector without sleeping) for ``_reply_poll_s`` after the last request went to a
+    worker, and with ``--busy-poll-us`` also as long as any is in flight. A reply is then
+    read as soon as it arrives, and so is a client's next request: at one client it comes
+    a few tens of microseconds after the response went out, and the loop need not be
+    woken for it. Each turn yields the CPU (``sched_yield``): on a machine with few cores
+    the worker and the clients run first, and the loop spins only on a core nobody else
+    wants."""
 
     def __init__(self) -> None:
-        self._waiting: list[Sized] = []
+        self._waiting: list[Sized] = []  # workers' requests in flight (busy polling)
         self._running = False
         self._until = 0.0  # time.monotonic() after which the loop may sleep again
 
+    @property
+    def running(self) -> bool:
+        return self._running
+
     def hold(self, pending: Sized) -> None:
-        """Poll while ``pending`` (a worker's requests in flight) is not empty; nothing
-        when the loop does not poll for replies at all."""
+        """A request went to a worker (``pending``: that worker's requests in flight): poll
+        for the next ``_reply_poll_s``, or while ``pending`` is not empty with busy
+        polling; nothing when the loop does not poll at all."""
         if not (_busy_poll_us or _reply_poll_s):
             return
         # time.monotonic, not loop.time(): uvloop's clock moves in milliseconds
-        self._until = math.inf if _busy_poll_us else time.monotonic() + _reply_poll_s
-        if pending not in self._waiting:
+        self._until = time.monotonic() + _reply_poll_s
+        if _busy_poll_us and pending not in self._waiting:
             self._waiting.append(pending)
         if not self._running:
             self._running = True
             asyncio.get_running_loop().call_soon(self._spin)
 
     def _spin(self) -> None:
-        self._waiting = [p for p in self._waiting if p]
-        if self._waiting and time.monotonic() < self._until:
+        if self._waiting:
+            self._waiting = [p for p in self._waiting if p]
+        if self._waiting or time.monotonic() < self._until:
             os.sched_yield()  # anyone runnable (a worker, a client) goes first
             asyncio.get_running_loop().call_soon(self._spin)
         else:
-            self._waiting.clear()
             self._running = False
 
 
