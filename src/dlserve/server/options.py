@@ -257,8 +257,9 @@ def _tuning_options(group: Any) -> None:
     )  # fmt: skip
     group.add_argument(
         "--reply-poll-us", type=_microseconds, metavar="US",
-        help="after it sends a request to a worker, the server polls this long for the reply "
-        "before it sleeps, yielding the CPU to anyone runnable (default 2000; 0: off)",
+        help="after it sends a request to a worker, the server polls this long (for the reply "
+        "and for clients' next requests) before it sleeps, yielding the CPU to anyone "
+        "runnable (default 2000; 0: off)",
     )  # fmt: skip
     group.add_argument(
         "--request-poll-us", type=_microseconds, metavar="US",
