@@ -1,6 +1,6 @@
-"""Polling instead of sleeping, in the server's loop (for workers' replies) and in the
-workers (for their next frame): ``--reply-poll-us``, ``--request-poll-us`` and
-``--busy-poll-us``.
+"""Polling instead of sleeping, in the server's loop (for workers' replies and clients' next
+requests) and in the workers (for their next frame): ``--reply-poll-us``,
+``--request-poll-us`` and ``--busy-poll-us``.
 
 Waking a sleeping process costs more than a small request's own work; docs/architecture.md
 (Decisions) says why these are the defaults, the performance page has the numbers.
