@@ -19,10 +19,10 @@ CODE = "from dlserve.tensors import heap; print(heap.keep_large_buffers())"
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 
-def _run(**env: str) -> str:
+def _run(code: str = CODE, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     result = subprocess.run(
-        [sys.executable, "-c", CODE], env={**environ, **env}, capture_output=True, text=True,
+        [sys.executable, "-c", code], env={**environ, **env}, capture_output=True, text=True,
         check=True, timeout=60,
     )  # fmt: skip
     return result.stdout.strip()
@@ -36,6 +36,40 @@ def test_glibc_is_tuned() -> None:
 @pytest.mark.parametrize("variable", ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"])
 def test_the_users_own_setting_wins(variable: str) -> None:
     assert _run(**{variable: "1048576"}) == "False"
+
+
+# Threads allocate from one heap: a buffer a thread allocates and frees is found free by
+# give_back in the heap it shares with the others, so the trim gives it back.
+ONE_HEAP = """
+import threading
+from dlserve.tensors import heap
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+one = heap.one_heap()
+heap.keep_large_buffers()
+def thread():
+    blocks = [b"x" * 2**20 for _ in range(64)]  # 64 MiB in 1-MiB buffers, written, freed
+worker = threading.Thread(target=thread)
+worker.start()
+worker.join()
+kept = rss()
+heap.give_back()
+print(one, kept, rss())
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="needs glibc")
+def test_a_threads_freed_buffers_are_given_back() -> None:
+    one, kept, after = _run(ONE_HEAP).split()
+    assert one == "True"
+    assert int(kept) - int(after) >= 48, (kept, after)
+
+
+@pytest.mark.skipif(not GLIBC, reason="needs glibc")
+def test_the_users_own_arena_setting_wins() -> None:
+    one, kept, after = _run(ONE_HEAP, MALLOC_ARENA_MAX="8").split()
+    assert one == "False"
+    assert int(kept) - int(after) < 16, (kept, after)  # the thread's heap kept its buffers
 
 
 X86_LINUX = sys.platform.startswith("linux") and platform.machine() == "x86_64"

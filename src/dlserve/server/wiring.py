@@ -16,6 +16,7 @@ from typing import Any
 
 from dlserve.errors import FatalError
 from dlserve.server.core.cache.cache_config import CacheSettings
+from dlserve.server.core.host.idle_trim import IdleTrim
 from dlserve.server.core.host.mps import MpsDaemon
 from dlserve.server.core.models.manager import REPLY_POLL_US, REQUEST_POLL_US, ManagerOptions
 from dlserve.server.core.models.repository import Repository
@@ -144,6 +145,7 @@ class Server:
             self._metrics = HttpServer(metrics, self.hosts["metrics"], options.metrics_port)
         self._grpc: Any = None
         self._mps: MpsDaemon | None = None
+        self.idle_trim = IdleTrim()
         self.ports: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -164,6 +166,7 @@ class Server:
             self._stop_if_a_model_failed()
         with _fatal_if_cannot_listen():
             await self._listen()
+        self.idle_trim.start()
         self._report()
 
     async def _listen(self) -> None:
@@ -217,6 +220,7 @@ class Server:
         in flight finish; those still running at the timeout end with the unload's error,
         which the frontends get a short grace to send before they close what is left."""
         timeout = self.options.shutdown_timeout
+        await self.idle_trim.stop()
         log.info("shutting down: waiting up to %g s for in-flight requests", timeout)
         frontends = [f for f in (self._grpc, self._http, self._metrics) if f is not None]
         stops = asyncio.gather(*(f.stop(timeout + _ANSWER_GRACE_S) for f in frontends))
@@ -279,6 +283,7 @@ async def serve(options: ServerOptions) -> None:
 
 def run(options: ServerOptions) -> int:
     heap.keep_large_buffers()
+    heap.one_heap()  # what the idle trim gives back includes the executor threads' buffers
     heap.no_huge_pages()  # the loop touches arriving messages' fresh pages
     try:
         asyncio_run(serve(options))

@@ -10,7 +10,13 @@ itself (the performance page has the numbers). Buffers up to 32 MB come from the
 128 MB of freed heap is kept, so the next request reuses pages that are already there.
 
 The user's own ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` win; nothing
-happens where the C library is not glibc.
+happens where the C library is not glibc. What is kept is given back once the load stops
+(:func:`give_back`, called by the server when it has been idle a while:
+``server/core/host/idle_trim.py``). For that the server's threads share one heap
+(:func:`one_heap`): glibc gives each thread that allocates a heap of its own, and a
+thread's heap keeps its free top for as long as the trim threshold allows, trim or not. An
+output the server copies off its loop, in an executor thread, and frees on the loop would
+stay there.
 
 Workers also copy megabytes with non-temporal stores (:func:`streaming_copies`): a worker
 writes an output into a client's region, or its output arena, for another process to read;
@@ -37,10 +43,11 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 M_TRIM_THRESHOLD: Final = -1
 M_MMAP_THRESHOLD: Final = -3
+M_ARENA_MAX: Final = -8
 MMAP_THRESHOLD: Final = 32 * 2**20  # glibc's largest on 64-bit
 TRIM_THRESHOLD: Final = 128 * 2**20
 NON_TEMPORAL_TUNABLE: Final = "glibc.cpu.x86_non_temporal_threshold"
@@ -59,20 +66,49 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def _glibc(name: str) -> Any:
+    """glibc's function ``name``; None where there is no such C library (Linux with glibc
+    only: musl has no mallopt or malloc_trim)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return getattr(_libc(), name, None)
+
+
 def keep_large_buffers() -> bool:
     """Tune this process's malloc as above; whether it was done."""
-    if not sys.platform.startswith("linux"):
-        return False
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return False
-    try:
-        mallopt = _libc().mallopt  # type: ignore[union-attr]
-    except AttributeError:  # no C library found, or not glibc (musl has no mallopt)
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+
+
+def one_heap() -> bool:
+    """All of this process's threads allocate from one heap (glibc's ``M_ARENA_MAX`` 1),
+    unless the user set ``MALLOC_ARENA_MAX``; whether it was done. Call it before threads
+    start."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, 1))
+
+
+def give_back() -> bool:
+    """Return the heap's free pages to the kernel, wherever they are in the heap (glibc's
+    ``malloc_trim(0)``, which also releases free pages below the heap's top); whether
+    anything was given back. ctypes lets go of the GIL for the call."""
+    trim = _glibc("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return bool(trim(0))
 
 
 def streaming_copies(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,1 +1,2 @@
-"""Facts about the host: GPUs, MPS, processes behind connections."""
+"""The host and the server process on it: GPUs, MPS, processes behind connections, memory
+given back when idle."""
