@@ -26,8 +26,9 @@ in-flight requests and those sent while it restarts) and unexpected; the wrong a
 (must be 0); the faults and what followed them (restart time, time to reclaim the killed
 client's regions). Then, for the server process and its workers apart: RSS, open fds,
 threads and the /dev/shm objects they map or hold open, at idle (one request of each kind
-sent), start (after ``--warmup`` s of the same load with each fault once: the allocators
-and thread pools have grown to what the load needs), peak (sampled every 2 s during the
+sent), start (``--settle`` s after ``--warmup`` s of the same load with each fault once:
+thread pools and arenas have grown to what the load needs, and the idle server has given
+its freed heap back), peak (sampled every 2 s during the
 soak) and end (the clients gone, ``--settle`` s later), with end at most 10 % above start
 as pass/fail (a leak grows; less at the end is memory given back). A benchmark, not a
 test: it exits 0 whatever it finds.
