@@ -193,6 +193,22 @@ def test_ping_is_answered_at_once() -> None:
     assert wire.take() == [Frame(PING, ACK, 0, b"12345678")]
 
 
+def test_the_answers_to_the_frames_of_one_read_go_out_in_one_write() -> None:
+    connection, wire = connected()
+    connection.data_received(frame(PING, 0, 0, b"12345678") + frame(SETTINGS, 0, 0) * 10)
+    ack = Frame(SETTINGS, ACK, 0, b"")
+    assert wire.batches[-1:] == [[Frame(PING, ACK, 0, b"12345678"), *[ack] * 10]]
+
+
+def test_a_connection_error_goes_out_after_the_answers_before_it_and_before_the_close() -> None:
+    connection, wire = connected()
+    connection.data_received(frame(PING, 0, 0, b"12345678") + frame(PING, 0, 0, b"short"))
+    (batch,) = wire.batches[-1:]
+    assert batch[0] == Frame(PING, ACK, 0, b"12345678")
+    assert (batch[1].kind, _code(batch[1])) == (GOAWAY, FRAME_SIZE_ERROR)
+    assert wire.closed  # the Wire refuses a write after its close: none came
+
+
 def test_a_reset_stream_is_gone() -> None:
     connection, _ = connected()
     connection.data_received(headers(1, request_head()))

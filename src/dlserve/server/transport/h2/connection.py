@@ -247,6 +247,14 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _receive(self, data: bytes, pos: int = 0) -> None:
+        """The frames of one read; what they are answered with goes out in one write."""
+        self.sender.cork()
+        try:
+            self._take(data, pos)
+        finally:
+            self.sender.uncork()
+
+    def _take(self, data: bytes, pos: int) -> None:
         try:
             while not self._dead:
                 if self._streaming is not None:  # a large DATA frame's next piece
@@ -859,5 +867,6 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         self._dead = True
         self._backlog = None
+        self.sender.uncork()  # a GOAWAY written while frames were read goes out first
         if self.transport is not None:
             self.transport.close()

@@ -40,7 +40,7 @@ class Output(Protocol):
 class Sender:
     """What a connection sends, within the windows the client gives."""
 
-    __slots__ = ("blocked", "ended", "max_frame", "output", "sent", "streams", "window")
+    __slots__ = ("blocked", "corked", "ended", "max_frame", "output", "sent", "streams", "window")
 
     def __init__(
         self, streams: dict[int, StreamState], ended: Callable[[StreamState], None],
@@ -52,10 +52,32 @@ class Sender:
         self.window = 65535  # the connection's window for what we send
         self.max_frame = 16384  # the client's SETTINGS_MAX_FRAME_SIZE
         self.blocked: dict[int, StreamState] = {}  # streams waiting for window
+        # what is sent while the connection reads frames: one write when it is done
+        self.corked: list[bytes | memoryview] | None = None
+
+    def cork(self) -> None:
+        """Hold what is sent until :meth:`uncork`: the answers to the frames of one read
+        (SETTINGS and PING ACKs, WINDOW_UPDATEs, RST_STREAMs) go out in one system call,
+        not one each."""
+        if self.corked is None:
+            self.corked = []
+
+    def uncork(self) -> None:
+        corked, self.corked = self.corked, None
+        if corked and self.output is not None:
+            self.output.writelines(corked)
 
     def write(self, data: bytes) -> None:
-        if self.output is not None:
+        if self.corked is not None:
+            self.corked.append(data)
+        elif self.output is not None:
             self.output.write(data)
+
+    def _writelines(self, parts: list[bytes | memoryview]) -> None:
+        if self.corked is not None:
+            self.corked.extend(parts)
+        elif self.output is not None:
+            self.output.writelines(parts)
 
     def send(
         self, stream_id: int, head: bytes, data: Sequence[memoryview | bytes] = (),
@@ -80,7 +102,7 @@ class Sender:
             if tail is not None:
                 out.append(frame(HEADERS, END_STREAM | END_HEADERS, stream_id, tail))
                 self._end(stream)
-            self.output.writelines(out)
+            self._writelines(out)
             return
         if head:
             stream.out.append((head,))
@@ -144,7 +166,7 @@ class Sender:
             out.extend(pieces)
         if out and self.output is not None:
             self.sent += 1
-            self.output.writelines(out)
+            self._writelines(out)
         if stream.queued <= HIGH_WATER:
             stream.wake()
 
@@ -159,4 +181,5 @@ class Sender:
     def close(self) -> None:
         """The connection is gone: nothing more is written."""
         self.output = None
+        self.corked = None
         self.blocked.clear()
