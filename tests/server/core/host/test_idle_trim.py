@@ -1,7 +1,8 @@
 """server/core/host/idle_trim.py on a real event loop, with this process's real heap: freed
 memory in the middle of the heap stays resident until the process has been idle for a
 period, then goes back to the kernel, once per idle stretch; while the process works it
-is kept. (A real server giving back what large requests left: tests/e2e/test_idle_trim.py.)"""
+is kept. (A real server giving back what large requests left:
+tests/e2e/test_idle_server_memory.py.)"""
 
 from __future__ import annotations
 
