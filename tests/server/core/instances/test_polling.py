@@ -84,3 +84,27 @@ def test_with_both_off_the_loop_never_polls() -> None:
         assert not spinner.running
 
     asyncio.run(main())
+
+
+def test_a_loop_that_ended_while_polling_leaves_nothing_to_the_next() -> None:
+    """A server whose loop ended while it polled (its last request answered less than
+    ``--reply-poll-us`` before) and another server on a new loop in the same process: the
+    new loop polls for its own requests, and stops."""
+    polling.set_busy_poll(0, reply_poll_us=20_000)
+
+    async def ends_while_polling() -> None:
+        spinner.hold([])
+
+    async def next_server() -> int:
+        spinner.hold([])
+        turns = 0
+        while spinner.running and turns < 1_000_000:
+            await asyncio.sleep(0)
+            turns += 1
+        return turns
+
+    asyncio.run(ends_while_polling())
+    assert spinner.running  # left so by the loop that ended
+    turns = asyncio.run(next_server())
+    assert 1 < turns < 1_000_000
+    assert not spinner.running

@@ -62,6 +62,7 @@ class _Spinner:
         self._waiting: list[Sized] = []  # workers' requests in flight (busy polling)
         self._running = False
         self._until = 0.0  # time.monotonic() after which the loop may sleep again
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it polls on
 
     @property
     def running(self) -> bool:
@@ -73,15 +74,22 @@ class _Spinner:
         polling; nothing when the loop does not poll at all."""
         if not (_busy_poll_us or _reply_poll_s):
             return
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # the first request on this loop: one that ended while it polled (a server
+            # stopped, another started in the same process) left its state behind
+            self._loop, self._waiting, self._running = loop, [], False
         # time.monotonic, not loop.time(): uvloop's clock moves in milliseconds
         self._until = time.monotonic() + _reply_poll_s
         if _busy_poll_us and pending not in self._waiting:
             self._waiting.append(pending)
         if not self._running:
             self._running = True
-            asyncio.get_running_loop().call_soon(self._spin)
+            loop.call_soon(self._spin)
 
     def _spin(self) -> None:
+        if asyncio.get_running_loop() is not self._loop:
+            return  # a turn left on a loop another one has taken over from
         if self._waiting:
             self._waiting = [p for p in self._waiting if p]
         if self._waiting or time.monotonic() < self._until:
