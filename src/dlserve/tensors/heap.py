@@ -66,25 +66,28 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def _glibc(name: str) -> Any:
-    """glibc's function ``name``; None where there is no such C library (Linux with glibc
-    only: musl has no mallopt or malloc_trim)."""
+def _c_function(name: str) -> Any:
+    """The C library's function ``name``; None off Linux or where the library has none
+    (musl has no mallopt or malloc_trim)."""
     if not sys.platform.startswith("linux"):
         return None
     return getattr(_libc(), name, None)
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's ``mallopt(option, value)`` for each setting; whether all were done."""
+    mallopt = _c_function("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return all(mallopt(option, value) for option, value in settings)
 
 
 def keep_large_buffers() -> bool:
     """Tune this process's malloc as above; whether it was done."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return False
-    mallopt = _glibc("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
+    return _mallopt((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def one_heap() -> bool:
@@ -93,18 +96,14 @@ def one_heap() -> bool:
     start."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    mallopt = _glibc("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, 1))
+    return _mallopt((M_ARENA_MAX, 1))
 
 
 def give_back() -> bool:
     """Return the heap's free pages to the kernel, wherever they are in the heap (glibc's
     ``malloc_trim(0)``, which also releases free pages below the heap's top); whether
     anything was given back. ctypes lets go of the GIL for the call."""
-    trim = _glibc("malloc_trim")
+    trim = _c_function("malloc_trim")
     if trim is None:
         return False
     trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
@@ -127,9 +126,7 @@ def streaming_copies(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def _prctl(option: int, value: int = 0) -> int:
     """``prctl(option, value, 0, 0, 0)``; -1 where it fails or there is no prctl."""
-    if not sys.platform.startswith("linux"):
-        return -1
-    prctl = getattr(_libc(), "prctl", None)
+    prctl = _c_function("prctl")
     if prctl is None:
         return -1
     prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,

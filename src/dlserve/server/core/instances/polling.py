@@ -88,13 +88,14 @@ class _Spinner:
             loop.call_soon(self._spin)
 
     def _spin(self) -> None:
-        if asyncio.get_running_loop() is not self._loop:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
             return  # a turn left on a loop another one has taken over from
         if self._waiting:
             self._waiting = [p for p in self._waiting if p]
         if self._waiting or time.monotonic() < self._until:
             os.sched_yield()  # anyone runnable (a worker, a client) goes first
-            asyncio.get_running_loop().call_soon(self._spin)
+            loop.call_soon(self._spin)
         else:
             self._running = False
 
