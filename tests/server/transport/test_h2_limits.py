@@ -1,7 +1,7 @@
 """What one HTTP/2 connection allows its client (``h2/limits.py``), without a socket:
 windows enforced, concurrent streams, the budgets against floods of cheap frames (rapid
-reset, SETTINGS, PING, empty CONTINUATION), the work done per ``data_received`` before
-the loop gets its turn, keepalive PINGs, PING strikes and the idle timeout."""
+reset, SETTINGS, PING, empty CONTINUATION), the work one connection does before the
+loop gets its turn (bytes read, time spent), keepalive PINGs, PING strikes and the idle timeout."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ from dlserve.server.transport.h2.frames import (
     WINDOW_UPDATE,
     frame,
 )
+from dlserve.server.transport.h2.hpack_codec import Headers
 from dlserve.server.transport.h2.limits import Limits
+from dlserve.server.transport.turns import TURN_S
 
 
 def _connected(limits: Limits = Limits()) -> tuple[Recorder, Wire]:  # noqa: B008
@@ -184,26 +186,84 @@ def test_a_buffer_of_tiny_frames_is_handled_over_several_turns() -> None:
     asyncio.run(scenario())
 
 
-def test_a_connection_read_at_full_speed_lets_the_loop_turn_every_mebibyte() -> None:
+def test_a_connection_read_at_full_speed_lets_the_loop_turn_every_256_kib() -> None:
     """The loop reads a ready socket up to 32 times before its next turn (libuv): each
-    read's frames are handled, but past 1 MiB read the connection pauses reading until the
-    loop has turned, so other connections wait for at most about a mebibyte's work."""
+    read's frames are handled, but by 256 KiB read (sooner if their handling took its
+    turn's time) the connection pauses reading until the loop has turned, so other
+    connections wait for at most about 256 KiB's work."""
 
     async def scenario() -> None:
         connection, wire = _connected()
         connection.data_received(headers(1, request_head()))
-        piece = data(1, bytes(16384)) * 16  # 256 KiB of DATA, as one read brings
-        for _ in range(3):
-            connection.data_received(piece)
+        await _turned()
         assert not wire.paused
-        connection.data_received(piece)
-        assert wire.paused  # a mebibyte: the loop's turn first
-        turned = asyncio.Event()
-        asyncio.get_running_loop().call_soon(turned.set)
-        await turned.wait()
+        piece = data(1, bytes(16384)) * 4  # 64 KiB of DATA in a read
+        reads = 0
+        while not wire.paused:
+            connection.data_received(piece)
+            reads += 1
+            assert reads <= 4  # 256 KiB: the loop's turn first
+        await _turned()
         assert not wire.paused
         taken = sum(len(e[2]) for e in connection.events if e[0] == "data")
-        assert taken == 4 * 16 * 16384  # every read handled, nothing left behind
+        assert taken == reads * 4 * 16384  # every read handled, nothing left behind
+
+    asyncio.run(scenario())
+
+
+async def _turned() -> None:
+    """One turn of the loop."""
+    turned = asyncio.Event()
+    asyncio.get_running_loop().call_soon(turned.set)
+    await turned.wait()
+
+
+class _Slow(Recorder):
+    """A connection whose every new stream costs its loop ``cost_s`` of work."""
+
+    cost_s = 3 * TURN_S / 5
+
+    def stream_opened(self, stream_id: int, headers: Headers, end: bool) -> None:
+        super().stream_opened(stream_id, headers, end)
+        until = time.perf_counter() + self.cost_s
+        while time.perf_counter() < until:
+            pass
+
+
+def _slow() -> tuple[_Slow, Wire]:
+    connection, wire = _Slow(Limits(max_resets_per_s=0)), Wire()
+    connection.connection_made(wire)  # type: ignore[arg-type]
+    connection.data_received(opening())
+    return connection, wire
+
+
+def test_costly_frames_of_one_read_are_handled_a_turns_time_at_a_time() -> None:
+    """Ten requests in one read, each 60% of a turn's time to handle: two at most before
+    the loop's turn (the turn is over after the second), reading paused until all are."""
+
+    async def scenario() -> None:
+        connection, wire = _slow()
+        connection.data_received(b"".join(headers(s, request_head()) for s in range(1, 21, 2)))
+        opened = [e for e in connection.events if e[0] == "opened"]
+        assert 1 <= len(opened) <= 2 and wire.paused
+        await _until(lambda: not wire.paused)
+        assert len([e for e in connection.events if e[0] == "opened"]) == 10
+
+    asyncio.run(scenario())
+
+
+def test_a_turns_time_is_counted_across_reads() -> None:
+    """Reads that each cost 60% of a turn, as the loop makes them one after another in
+    one of its turns: reading pauses after the second, and resumes after the loop's turn."""
+
+    async def scenario() -> None:
+        connection, wire = _slow()
+        await _turned()  # the preface's time is behind
+        connection.data_received(headers(1, request_head()))
+        connection.data_received(headers(3, request_head()))
+        assert wire.paused
+        await _turned()
+        assert not wire.paused
 
     asyncio.run(scenario())
 

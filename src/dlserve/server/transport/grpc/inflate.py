@@ -1,11 +1,11 @@
 """Compressed gRPC messages (gzip, deflate), inflated in bounded slices.
 
 A message whose flag says "compressed" is kept as it arrived (:class:`Compressed`) until
-its call takes it; :func:`inflate` then inflates it a slice at a time (``STEP`` bytes of
-output at most per slice, the input fed ``FEED`` bytes at a time), yields to the event
-loop between slices (about ``STEP`` bytes of input and output between yields), and stops
-as soon as the output passes the limit: nothing is inflated whole first and checked
-afterwards, and a bomb holds the loop for one slice at a time. What cannot be inflated
+its call takes it; :func:`inflate` then inflates it a piece at a time (``STEP`` bytes of
+output at most per piece, the input fed ``FEED`` bytes at a time), yields to the event
+loop once its pieces have taken a turn's time (``turns.py``), and stops as soon as the
+output passes the limit: nothing is inflated whole first and checked afterwards, and a
+bomb holds the loop for about a turn at a time. What cannot be inflated
 ends the call INTERNAL, an encoding the server does not have UNIMPLEMENTED
 (grpc/doc/statuscodes.md).
 """
@@ -22,8 +22,9 @@ from dlserve.server.transport.grpc.status import (
     UNIMPLEMENTED,
     Status,
 )
+from dlserve.server.transport.turns import TURN_S, clock
 
-STEP: Final = 1 << 18  # output bytes per slice: a few hundred microseconds of zlib
+STEP: Final = 1 << 16  # output bytes per piece: tens of microseconds of zlib
 FEED: Final = 1 << 14  # input bytes given to zlib at once (its unconsumed tail is a copy)
 TOO_LARGE: Final = "Received message larger than max ({} vs. {})"
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -52,7 +53,8 @@ async def inflate(encoding: str, message: memoryview, limit: int) -> bytearray |
         return UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported"
     inflater = zlib.decompressobj(wbits)
     out = bytearray()
-    pos = work = 0
+    pos = 0
+    turn_end = clock() + TURN_S
     try:
         while not inflater.eof:
             source: bytes | memoryview = inflater.unconsumed_tail
@@ -65,10 +67,9 @@ async def inflate(encoding: str, message: memoryview, limit: int) -> bytearray |
             out += piece
             if len(out) > limit:
                 return RESOURCE_EXHAUSTED, TOO_LARGE.format(len(out), limit)
-            work += len(source) + len(piece)
-            if work >= STEP and not inflater.eof:
-                work = 0
-                await asyncio.sleep(0)  # the rest of the server runs between slices
+            if not inflater.eof and clock() >= turn_end:
+                await asyncio.sleep(0)  # the rest of the server runs between turns
+                turn_end = clock() + TURN_S
     except zlib.error as exc:
         return INTERNAL, f"cannot decompress the message: {exc}"
     return out

@@ -22,10 +22,11 @@ connection's ``CONNECTION_WINDOW``; DATA past either is FLOW_CONTROL_ERROR, neve
 A stream's window is given back as its messages are taken (a subclass may hold it back:
 :meth:`Connection.holding`), the connection's as its streams' are, or end. Floods of
 cheap frames (rapid reset, SETTINGS, PING, empty frames) spend per-second budgets; past
-them the client gets GOAWAY ENHANCE_YOUR_CALM. ``data_received`` handles at most
-``_FRAMES_PER_TURN`` frames and leaves the rest for the loop's next turn, with reading
-paused, and reading pauses for a turn after each ``_BYTES_PER_TURN`` read: one
-connection never holds the event loop for long. Keepalive PINGs, the client's
+them the client gets GOAWAY ENHANCE_YOUR_CALM. A connection's frames are handled for
+about ``TURN_S`` of the loop's time at most (``turns.py``), then the rest waits for the loop's next
+turn with reading paused (the time is counted across reads, and reading also pauses for a
+turn after each ``_BYTES_PER_TURN`` read): one connection never holds the event loop for
+long, whatever its frames cost. Keepalive PINGs, the client's
 PING strikes and the idle timeout run on the loop's timers (``call_later``), one handle
 each per connection.
 
@@ -85,16 +86,20 @@ from dlserve.server.transport.h2.hpack_codec import HeaderListTooLarge, Headers
 from dlserve.server.transport.h2.limits import Budget, Limits
 from dlserve.server.transport.h2.messages import Malformed, request_length, trailers_ok
 from dlserve.server.transport.h2.sending import Output, Sender
+from dlserve.server.transport.turns import TURN_S, clock
 
 log = logging.getLogger("dlserve.grpc")
 
 _STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
-_FRAMES_PER_TURN: Final = 64  # frames handled per data_received before the loop's turn
+_CHECK_EVERY: Final = 8  # frames handled between two looks at the clock
+# frames of a read handled before the first look (so a request's HEADERS and its DATA,
+# or its window's WINDOW_UPDATE, written together are handled together)
+_FIRST_CHECK: Final = 2 * _CHECK_EVERY
 # bytes read from one connection between two pauses of its reading for a turn of the
 # loop: the loop reads a ready socket up to 32 times in one turn (libuv), 8 MiB at full
-# speed, before it serves anyone else
-_BYTES_PER_TURN: Final = 1 << 20
+# speed, before it serves anyone else; its copies of what it read are not in TURN_S
+_BYTES_PER_TURN: Final = 1 << 18
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
 _SMALL_DATA: Final = 1024  # what a DATA frame costs at least of a stream's in-flight allowance
@@ -136,6 +141,8 @@ class Connection(asyncio.Protocol):
         self._needed = 0  # bytes the partial frame needs in all
         self._backlog: list[bytes] | None = None  # bytes left for the loop's next turn
         self._read = 0  # bytes read since reading last paused for a turn (_BYTES_PER_TURN)
+        self._spent = 0.0  # seconds of handling since then (TURN_S)
+        self._turn_end = float("inf")  # when the turn under way is over (no loop: never)
         self._backlog_at = 0  # where in the first of them
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
         # (stream id, its flags, payload bytes still to come)
@@ -234,10 +241,16 @@ class Connection(asyncio.Protocol):
             return
         if self._dead:
             return
+        if self._turns is None:  # driven without a loop: no turns
+            self._receive(data)
+            return
+        began = clock()
+        self._turn_end = began + TURN_S - self._spent
         self._receive(data)
+        self._spent += clock() - began
         self._read += len(data)
-        if self._read >= _BYTES_PER_TURN and self._turns is not None:
-            self._read = 0
+        if self._spent >= TURN_S or self._read >= _BYTES_PER_TURN:
+            self._spent, self._read = 0.0, 0
             if self._backlog is None and self.transport is not None and not self._dead:
                 self.transport.pause_reading()  # the loop's turn, then the next read
                 self._turns.call_soon(self._resume)
@@ -319,6 +332,8 @@ class Connection(asyncio.Protocol):
         backlog, self._backlog = self._backlog, None
         if backlog is None or self._dead or self.transport is None:
             return
+        self._spent, self._read = 0.0, 0  # a turn of its own
+        self._turn_end = clock() + TURN_S
         if len(backlog) == 1:
             self._receive(backlog[0], self._backlog_at)
         else:  # more came before reading paused
@@ -332,13 +347,13 @@ class Connection(asyncio.Protocol):
         self._needed = needed
 
     def _read_frames(self, data: bytes, pos: int) -> int:
-        """Handle the whole frames in ``data`` from ``pos`` (at most ``_FRAMES_PER_TURN``
-        with a loop to turn to); where the first one not handled starts."""
+        """Handle the whole frames in ``data`` from ``pos`` until the turn is over; where
+        the first one not handled starts."""
         view = memoryview(data)
         size = len(data)
-        turn = _FRAMES_PER_TURN if self._turns is not None else 2**62
+        check = _FIRST_CHECK
         max_frame = self._max_frame
-        while size - pos >= 9 and turn > 0 and not self._dead:
+        while size - pos >= 9 and not self._dead:
             head = int.from_bytes(data[pos : pos + 9], "big")
             length = head >> 48
             if length > max_frame:
@@ -361,7 +376,11 @@ class Connection(asyncio.Protocol):
             else:
                 self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             pos = end
-            turn -= _HEADERS_WEIGHT if kind == HEADERS else 1
+            check -= _HEADERS_WEIGHT if kind == HEADERS else 1
+            if check <= 0:
+                if clock() >= self._turn_end:
+                    break
+                check = _CHECK_EVERY
         return pos
 
     def _stream_start(self, flags: int, stream_id: int, length: int, first: memoryview) -> None:
