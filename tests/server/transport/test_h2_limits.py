@@ -31,7 +31,7 @@ from dlserve.server.transport.h2.frames import (
     frame,
 )
 from dlserve.server.transport.h2.hpack_codec import Headers
-from dlserve.server.transport.h2.limits import Limits
+from dlserve.server.transport.h2.limits import Budget, Limits
 from dlserve.server.transport.turns import TURN_S
 
 
@@ -230,8 +230,8 @@ class _Slow(Recorder):
             pass
 
 
-def _slow() -> tuple[_Slow, Wire]:
-    connection, wire = _Slow(Limits(max_resets_per_s=0)), Wire()
+def _slow(limits: Limits = Limits(max_resets_per_s=0)) -> tuple[_Slow, Wire]:  # noqa: B008
+    connection, wire = _Slow(limits), Wire()
     connection.connection_made(wire)  # type: ignore[arg-type]
     connection.data_received(opening())
     return connection, wire
@@ -264,6 +264,39 @@ def test_a_turns_time_is_counted_across_reads() -> None:
         assert wire.paused
         await _turned()
         assert not wire.paused
+
+    asyncio.run(scenario())
+
+
+def test_a_budget_is_spending_past_half_of_its_burst_until_it_fills_again() -> None:
+    budget = Budget(50)  # 20 at once (the least burst), 50 a second
+    for _ in range(10):
+        assert budget.spend()
+    assert not budget.spending()  # half left
+    assert budget.spend()
+    assert budget.spending()
+    budget.stamp -= 0.1  # a tenth of a second later: 5 more
+    assert not budget.spending()
+    assert not Budget(0).spending()  # no limit, never spending
+
+
+def test_a_connection_spending_its_reset_budget_waits_for_its_turns() -> None:
+    """Fifteen streams opened and reset in one read, each new stream 60% of a turn's
+    work: two a turn, at once while the reset budget (20) is more than half full, then a
+    turn every ``_SPENDING_WAIT_S``. Ten turns of the loop see some still waiting; they
+    all come in the end, and the connection stays up (the budget is not spent)."""
+
+    async def scenario() -> None:
+        connection, wire = _slow(Limits(max_resets_per_s=20))
+        reset = (8).to_bytes(4, "big")
+        connection.data_received(b"".join(
+            headers(s, request_head()) + frame(RST_STREAM, 0, s, reset) for s in range(1, 31, 2)
+        ))  # fmt: skip
+        for _ in range(10):
+            await _turned()
+        assert len([e for e in connection.events if e[0] == "reset"]) < 15
+        await _until(lambda: len([e for e in connection.events if e[0] == "reset"]) == 15)
+        assert not wire.closed
 
     asyncio.run(scenario())
 

@@ -23,10 +23,11 @@ A stream's window is given back as its messages are taken (a subclass may hold i
 :meth:`Connection.holding`), the connection's as its streams' are, or end. Floods of
 cheap frames (rapid reset, SETTINGS, PING, empty frames) spend per-second budgets; past
 them the client gets GOAWAY ENHANCE_YOUR_CALM. A connection's frames are handled for
-about ``TURN_S`` of the loop's time at most (``turns.py``), then the rest waits for the loop's next
-turn with reading paused (the time is counted across reads, and reading also pauses for a
-turn after each ``_BYTES_PER_TURN`` read): one connection never holds the event loop for
-long, whatever its frames cost. Keepalive PINGs, the client's
+about ``TURN_S`` of the loop's time at most (``turns.py``), then the rest waits for the
+loop's next turn with reading paused (the time is counted across reads, and reading also
+pauses for a turn after each ``_BYTES_PER_TURN`` read): one connection never holds the
+event loop for long, whatever its frames cost; one that has spent half a flood budget
+waits ``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's
 PING strikes and the idle timeout run on the loop's timers (``call_later``), one handle
 each per connection.
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Final, cast
 
 from dlserve.server.transport.h2 import hpack_codec
@@ -92,15 +94,19 @@ log = logging.getLogger("dlserve.grpc")
 
 _STREAM_FRAME: Final = 256 * 1024  # DATA frames this large are handed on as they arrive
 _STREAM_REPLENISH: Final = STREAM_WINDOW // 2
-_CHECK_EVERY: Final = 8  # frames handled between two looks at the clock
+_CHECK_EVERY: Final = 8  # frames (weighed as below) handled between two looks at the clock
 # frames of a read handled before the first look (so a request's HEADERS and its DATA,
 # or its window's WINDOW_UPDATE, written together are handled together)
 _FIRST_CHECK: Final = 2 * _CHECK_EVERY
+# a connection that has spent half a flood budget waits this long for its next turn: a
+# tenth of the loop at most, however fast it writes, until its GOAWAY
+_SPENDING_WAIT_S: Final = 1e-3
 # bytes read from one connection between two pauses of its reading for a turn of the
 # loop: the loop reads a ready socket up to 32 times in one turn (libuv), 8 MiB at full
 # speed, before it serves anyone else; its copies of what it read are not in TURN_S
 _BYTES_PER_TURN: Final = 1 << 18
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
+_DATA_WEIGHT: Final = 2  # and a DATA frame (its copy, a look at the message) as this many
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
 _SMALL_DATA: Final = 1024  # what a DATA frame costs at least of a stream's in-flight allowance
 _ENABLE_PUSH, _MAX_CONCURRENT, _INITIAL_WINDOW, _MAX_FRAME, _MAX_LIST = 0x2, 0x3, 0x4, 0x5, 0x6
@@ -253,7 +259,7 @@ class Connection(asyncio.Protocol):
             self._spent, self._read = 0.0, 0
             if self._backlog is None and self.transport is not None and not self._dead:
                 self.transport.pause_reading()  # the loop's turn, then the next read
-                self._turns.call_soon(self._resume)
+                self._turn_after(self._resume)
 
     def _resume(self) -> None:
         if self._backlog is None and self.transport is not None and not self._dead:
@@ -326,7 +332,16 @@ class Connection(asyncio.Protocol):
         self._backlog, self._backlog_at = [data], pos
         assert self.transport is not None
         self.transport.pause_reading()
-        self._turns.call_soon(self._next_turn)
+        self._turn_after(self._next_turn)
+
+    def _turn_after(self, callback: Callable[[], None]) -> None:
+        """``callback`` at the loop's next turn; a while later if the connection is
+        spending its flood budgets (others go first)."""
+        assert self._turns is not None
+        if self._control.spending() or self._resets.spending():
+            self._turns.call_later(_SPENDING_WAIT_S, callback)
+        else:
+            self._turns.call_soon(callback)
 
     def _next_turn(self) -> None:
         backlog, self._backlog = self._backlog, None
@@ -376,7 +391,7 @@ class Connection(asyncio.Protocol):
             else:
                 self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             pos = end
-            check -= _HEADERS_WEIGHT if kind == HEADERS else 1
+            check -= _HEADERS_WEIGHT if kind == HEADERS else _DATA_WEIGHT if kind == DATA else 1
             if check <= 0:
                 if clock() >= self._turn_end:
                     break

@@ -6,7 +6,9 @@ and an idle timeout. The server's options fill one ``Limits``; every connection 
 
 ``Budget`` is a token bucket a connection spends one token from per costly frame; it
 reads the clock only when its tokens run out, so a frame costs a subtraction. It holds a
-fifth of a second's worth: a flood ends after little work on each connection it opens."""
+fifth of a second's worth: a flood ends after little work on each connection it opens.
+A connection that has spent half of either budget is flooding, or about to be told to
+stop: its next turns of the loop come later than others' (``connection.py``)."""
 
 from __future__ import annotations
 
@@ -53,3 +55,11 @@ class Budget:
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
         return self.tokens >= 0
+
+    def spending(self) -> bool:
+        """Whether over half the tokens are gone now: the peer sends these frames much
+        faster than the rate, or in a burst (clients that do not flood stay near full)."""
+        if not self.rate or self.tokens >= self.burst / 2:
+            return False
+        level = self.tokens + (time.monotonic() - self.stamp) * self.rate
+        return level < self.burst / 2
