@@ -9,7 +9,8 @@ check asserts is what the decoder promises:
 - ``infer-request``: ``convert.parse_infer_request`` (and ``request_id_of``) on any bytes
   either succeeds or raises InvalidArgumentError, within a bounded time;
 - ``arriving-request``: ``convert.ArrivingRequest`` shown the same bytes as they arrive,
-  in any pieces, raises what ``split_infer_request`` raises for them whole (or nothing);
+  in any pieces, then looked at until it has walked them all, raises what
+  ``split_infer_request`` raises for them whole (or nothing);
 - ``grpc-messages``: a gRPC call whose DATA is any bytes, cut anywhere, unary or
   streaming, compressed or not, ends with a status gRPC names for it (OK, INTERNAL,
   UNIMPLEMENTED, RESOURCE_EXHAUSTED); the connection's reader never raises and the call
@@ -141,8 +142,11 @@ def check_arriving_request(case: tuple[bytes, list[int], int]) -> None:
     screen, view = convert.ArrivingRequest(max_fields), memoryview(data)
 
     def pieces() -> None:
-        for arrived in [*sorted({min(look, len(data)) for look in looks}), len(data)]:
+        for arrived in sorted({min(look, len(data)) for look in looks}):
             screen(view, arrived)
+        looks_left = max_fields // convert.ArrivingRequest._FIELDS_PER_LOOK + 2
+        for _ in range(looks_left):  # the rest, a look's fields at a time
+            screen(view, len(data))
 
     assert _error(pieces) == whole
 
@@ -213,6 +217,12 @@ class _Sink:
                     self.status = int(fields["grpc-status"])
 
     def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:  # the connection's turns: every read is fed anyway
+        pass
+
+    def resume_reading(self) -> None:
         pass
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:

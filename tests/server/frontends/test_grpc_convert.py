@@ -609,3 +609,43 @@ def test_millions_of_tiny_fields_cost_max_fields_steps(key: bytes) -> None:
     with pytest.raises(errors.InvalidArgumentError, match="more than 10 fields"):
         convert.split_infer_request((key + b"\x00") * 11, max_fields=10)
     convert.split_infer_request((key + b"\x00") * 10, max_fields=10)  # at the bound: read
+
+
+def test_the_server_walks_thousands_of_fields_in_turns_of_the_loop() -> None:
+    """4096 tiny fields (about two milliseconds of walking) go 256 fields a turn: the loop
+    turns between (another task ticks 15 times), and the split is the same as in one go."""
+    data = b"\x0a\x01m" + b"\x3a\x00" * 4095
+
+    async def scenario() -> int:
+        ticks = 0
+
+        async def ticking() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(ticking())
+        await asyncio.sleep(0)
+        split = await convert.split_in_turns(data)
+        ticker.cancel()
+        metadata, raws = split
+        assert (bytes(metadata), [bytes(raw) for raw in raws]) == (b"\x0a\x01m", [b""] * 4095)
+        return ticks
+
+    assert asyncio.run(scenario()) >= 15
+    with pytest.raises(errors.InvalidArgumentError, match="more than 4096 fields"):
+        asyncio.run(convert.split_in_turns(data + b"\x3a\x00"))
+
+
+def test_a_look_at_an_arriving_message_walks_64_fields_at_most() -> None:
+    """A piece of 8192 tiny fields is walked 64 fields a look: the 65th look, with 4096
+    walked, refuses it (and so does the first look when the bound is reached sooner)."""
+    view = memoryview(b"\x3a\x00" * 8192)
+    screen = convert.ArrivingRequest()
+    for _ in range(64):
+        screen(view, len(view))
+    with pytest.raises(errors.InvalidArgumentError, match="more than 4096 fields"):
+        screen(view, len(view))
+    with pytest.raises(errors.InvalidArgumentError, match="more than 10 fields"):
+        convert.ArrivingRequest(max_fields=10)(view, len(view))
