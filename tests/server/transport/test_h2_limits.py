@@ -14,6 +14,7 @@ from test_h2_connection import Recorder
 
 from dlserve.server.transport.h2.frames import (
     ACK,
+    CANCEL,
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -299,6 +300,31 @@ def test_a_connection_spending_its_reset_budget_waits_for_its_turns() -> None:
         assert not wire.closed
 
     asyncio.run(scenario())
+
+
+def test_a_connection_whose_reads_are_dropped_waits_for_its_turns() -> None:
+    """DATA still coming for a stream the server reset is dropped (RFC 9113 5.1): once a
+    turn's reads were mostly such bytes, the connection's next turn comes
+    ``_SPENDING_WAIT_S`` later, not at the loop's next turn; the same bytes for an open
+    stream get the next turn."""
+
+    async def scenario(reset: bool) -> bool:
+        connection, wire = _connected()
+        connection.data_received(headers(1, request_head()))
+        if reset:
+            connection.reset_stream(1, CANCEL)
+        await _turned()
+        piece = data(1, bytes(16384)) * 4
+        while not wire.paused:
+            connection.data_received(piece)
+        await _turned()
+        waited = wire.paused
+        await _until(lambda: not wire.paused)
+        assert not wire.closed
+        return waited
+
+    assert asyncio.run(scenario(reset=True))
+    assert not asyncio.run(scenario(reset=False))
 
 
 def test_keepalive_pings_and_closes_a_connection_that_does_not_answer() -> None:

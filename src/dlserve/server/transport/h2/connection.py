@@ -26,8 +26,9 @@ them the client gets GOAWAY ENHANCE_YOUR_CALM. A connection's frames are handled
 about ``TURN_S`` of the loop's time at most (``turns.py``), then the rest waits for the
 loop's next turn with reading paused (the time is counted across reads, and reading also
 pauses for a turn after each ``_BYTES_PER_TURN`` read): one connection never holds the
-event loop for long, whatever its frames cost; one that has spent half a flood budget
-waits ``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's
+event loop for long, whatever its frames cost; one that has spent half a flood budget,
+or whose reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for its
+next turn. Keepalive PINGs, the client's
 PING strikes and the idle timeout run on the loop's timers (``call_later``), one handle
 each per connection.
 
@@ -98,8 +99,8 @@ _CHECK_EVERY: Final = 8  # frames (weighed as below) handled between two looks a
 # frames of a read handled before the first look (so a request's HEADERS and its DATA,
 # or its window's WINDOW_UPDATE, written together are handled together)
 _FIRST_CHECK: Final = 2 * _CHECK_EVERY
-# a connection that has spent half a flood budget waits this long for its next turn: a
-# tenth of the loop at most, however fast it writes, until its GOAWAY
+# a connection that has spent half a flood budget (or sends what is dropped) waits this
+# long for its next turn: a tenth of the loop at most, however fast it writes
 _SPENDING_WAIT_S: Final = 1e-3
 # bytes read from one connection between two pauses of its reading for a turn of the
 # loop: the loop reads a ready socket up to 32 times in one turn (libuv), 8 MiB at full
@@ -148,6 +149,7 @@ class Connection(asyncio.Protocol):
         self._backlog: list[bytes] | None = None  # bytes left for the loop's next turn
         self._read = 0  # bytes read since reading last paused for a turn (_BYTES_PER_TURN)
         self._spent = 0.0  # seconds of handling since then (TURN_S)
+        self._dropped = 0  # bytes of DATA dropped since then (calls that had ended)
         self._turn_end = float("inf")  # when the turn under way is over (no loop: never)
         self._backlog_at = 0  # where in the first of them
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
@@ -256,10 +258,11 @@ class Connection(asyncio.Protocol):
         self._spent += clock() - began
         self._read += len(data)
         if self._spent >= TURN_S or self._read >= _BYTES_PER_TURN:
-            self._spent, self._read = 0.0, 0
+            dropping = 2 * self._dropped > self._read
+            self._spent, self._read, self._dropped = 0.0, 0, 0
             if self._backlog is None and self.transport is not None and not self._dead:
                 self.transport.pause_reading()  # the loop's turn, then the next read
-                self._turn_after(self._resume)
+                self._turn_after(self._resume, dropping)
 
     def _resume(self) -> None:
         if self._backlog is None and self.transport is not None and not self._dead:
@@ -334,11 +337,12 @@ class Connection(asyncio.Protocol):
         self.transport.pause_reading()
         self._turn_after(self._next_turn)
 
-    def _turn_after(self, callback: Callable[[], None]) -> None:
+    def _turn_after(self, callback: Callable[[], None], dropping: bool = False) -> None:
         """``callback`` at the loop's next turn; a while later if the connection is
-        spending its flood budgets (others go first)."""
+        spending its flood budgets, or most of what it sent lately was dropped (DATA of
+        calls that had ended: refused, reset, answered): others go first."""
         assert self._turns is not None
-        if self._control.spending() or self._resets.spending():
+        if dropping or self._control.spending() or self._resets.spending():
             self._turns.call_later(_SPENDING_WAIT_S, callback)
         else:
             self._turns.call_soon(callback)
@@ -347,7 +351,7 @@ class Connection(asyncio.Protocol):
         backlog, self._backlog = self._backlog, None
         if backlog is None or self._dead or self.transport is None:
             return
-        self._spent, self._read = 0.0, 0  # a turn of its own
+        self._spent, self._read, self._dropped = 0.0, 0, 0  # a turn of its own
         self._turn_end = clock() + TURN_S
         if len(backlog) == 1:
             self._receive(backlog[0], self._backlog_at)
@@ -422,6 +426,8 @@ class Connection(asyncio.Protocol):
         if stream is not None:
             piece = memoryview(data)[pos : pos + take] if pos or take < len(data) else data
             self._hand_on(stream, piece, flags if not remaining else flags & ~END_STREAM)
+        else:
+            self._dropped += take
         return take
 
     # -- frames in ------------------------------------------------------------------------
@@ -499,6 +505,7 @@ class Connection(asyncio.Protocol):
         if stream_id > self.last_stream_id or not stream_id % 2:
             raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
         self._credit(length)
+        self._dropped += length
         if stream is not None or self._closed.get(stream_id):
             self.reset_stream(stream_id, STREAM_CLOSED)  # half-closed (remote), or closed
             return
