@@ -118,21 +118,19 @@ def _flood_child(port: int, name: str, seconds: float, out: multiprocessing.Queu
 # Measured on a 2-core machine: the same flood aimed at another server on the machine
 # costs the bystander as much or more (p99 3.2-4.2 ms against 1.4-2.4 ms when it is aimed
 # at this one; 0.6 ms alone): what misses the bound is the cores' share. On a 16-core host
-# the PING and CONTINUATION floods meet it and the SETTINGS and rapid-reset floods do not
-# (4.6 and 2.2 ms against about 1 ms alone; 0.9 and 1.6 ms at another server): there the
-# server's own work on the flood's frames, on its one event loop, is what the bystander
-# waits for (docs/network-edge.md).
+# every flood meets it: the server handles a connection's frames about 100 us a turn of
+# its loop, and a connection spending its flood budget waits 1 ms between turns
+# (docs/network-edge.md).
 FLOOD_GAP = (
-    "the flooding process takes cores the bystander needs (on a small machine), and the"
-    " server's event loop handles the flood's frames between the bystander's calls: the"
-    " same flood at another server costs it"
+    "the flooding process takes cores the bystander needs (on a small machine; on 16 cores"
+    " the floods meet the bound): the same flood at another server costs it"
 )
 WRITE_GAP = (
-    "the writing process (70 MiB written, three times) takes cores the bystander needs (on"
-    " a small machine); and on a VM whose host takes back the guest's free memory, the first"
-    " time the server's heap grows by those 70 MiB each new page's first write waits for the"
-    " host (the loop held 10-50 ms a turn; docs/network-edge.md, The server's pages): the"
-    " same writes to another server cost it"
+    "the server reads and gathers the 70 MiB (three times) 256 KiB a turn of its loop,"
+    " between the bystander's calls; on a small machine the writing process also takes"
+    " cores the bystander needs, and on a VM whose host takes back the guest's free memory"
+    " each fresh page's first write waits for the host (docs/network-edge.md, The server's"
+    " pages): the same writes to another server cost it"
 )
 
 
