@@ -11,6 +11,7 @@ tracing wants arrival times.
 - ``grpc/``: gRPC over that HTTP/2: calls, messages, status, deadlines, a streaming
   call's bounded outbox, and the listener (TCP, TLS, a Unix socket, graceful stop).
 - ``http1/``: HTTP/1.1 (RFC 9112) on httptools for an ASGI app, and its listener.
-- ``timing.py``: what the transports ask of tracing; ``listen_error.py``: the error of a
+- ``turns.py``: how long one client's work may hold the event loop at a time;
+  ``timing.py``: what the transports ask of tracing; ``listen_error.py``: the error of a
   listener that cannot start.
 """
