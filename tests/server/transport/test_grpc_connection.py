@@ -454,7 +454,7 @@ def test_a_bomb_is_refused_as_soon_as_it_inflates_past_the_limit(
     encoding: bytes, squeeze: Callable[[bytes], bytes], streaming: bool
 ) -> None:
     """64 MiB of zeros (64 KiB compressed) against a limit of 4 MiB: refused with grpc's
-    size message once a slice passes 4 MiB; the loop runs other work between slices."""
+    size message once a piece passes 4 MiB; the loop runs other work between turns."""
 
     async def scenario() -> None:
         limits = GrpcLimits(max_inflated=4 << 20)
@@ -478,8 +478,8 @@ def test_a_bomb_is_refused_as_soon_as_it_inflates_past_the_limit(
         assert text.startswith("Received message larger than max (") and text.endswith(
             f" vs. {4 << 20})"
         )
-        assert int(text.split("(")[1].split()[0]) <= (4 << 20) + (1 << 20)  # one slice past
-        assert ticks >= 4  # the loop ran between the slices
+        assert int(text.split("(")[1].split()[0]) <= (4 << 20) + (1 << 20)  # one piece past
+        assert ticks >= 4  # the loop ran between the turns
 
     run(scenario)
 

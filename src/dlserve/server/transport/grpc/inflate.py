@@ -1,13 +1,12 @@
-"""Compressed gRPC messages (gzip, deflate), inflated in bounded slices.
+"""Compressed gRPC messages (gzip, deflate), inflated in turns of the event loop.
 
 A message whose flag says "compressed" is kept as it arrived (:class:`Compressed`) until
 its call takes it; :func:`inflate` then inflates it a piece at a time (``STEP`` bytes of
 output at most per piece, the input fed ``FEED`` bytes at a time), yields to the event
 loop once its pieces have taken a turn's time (``turns.py``), and stops as soon as the
 output passes the limit: nothing is inflated whole first and checked afterwards, and a
-bomb holds the loop for about a turn at a time. What cannot be inflated
-ends the call INTERNAL, an encoding the server does not have UNIMPLEMENTED
-(grpc/doc/statuscodes.md).
+bomb holds the loop for about a turn at a time. What cannot be inflated ends the call
+INTERNAL, an encoding the server does not have UNIMPLEMENTED (grpc/doc/statuscodes.md).
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ loop's next turn with reading paused (the time is counted across reads, and read
 pauses for a turn after each ``_BYTES_PER_TURN`` read): one connection never holds the
 event loop for long, whatever its frames cost; one that has spent half a flood budget,
 or whose reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for its
-next turn. Keepalive PINGs, the client's
-PING strikes and the idle timeout run on the loop's timers (``call_later``), one handle
-each per connection.
+next turn. Keepalive PINGs, the client's PING strikes and the idle timeout run on the
+loop's timers (``call_later``), one handle each per connection.
 
 Sending is the ``Sender``'s (``sending.py``), which the connection owns: DATA waits for
 the client's windows, and a producer may wait while a stream has more than
