@@ -58,7 +58,7 @@ class Budget:
 
     def spending(self) -> bool:
         """Whether over half the tokens are gone now: the peer sends these frames much
-        faster than the rate, or in a burst (clients that do not flood stay near full)."""
+        faster than the rate, or in a burst (twenty calls cancelled at once, for resets)."""
         if not self.rate or self.tokens >= self.burst / 2:
             return False
         level = self.tokens + (time.monotonic() - self.stamp) * self.rate
