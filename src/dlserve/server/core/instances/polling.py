@@ -85,17 +85,17 @@ class _Spinner:
             self._waiting.append(pending)
         if not self._running:
             self._running = True
-            loop.call_soon(self._spin)
+            loop.call_soon(self._spin, loop)
 
-    def _spin(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _spin(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One turn of polling on ``loop``, which schedules the next."""
         if loop is not self._loop:
             return  # a turn left on a loop another one has taken over from
         if self._waiting:
             self._waiting = [p for p in self._waiting if p]
         if self._waiting or time.monotonic() < self._until:
             os.sched_yield()  # anyone runnable (a worker, a client) goes first
-            loop.call_soon(self._spin)
+            loop.call_soon(self._spin, loop)
         else:
             self._running = False
 

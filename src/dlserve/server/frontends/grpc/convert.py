@@ -359,10 +359,16 @@ def infer_request_from_message(
 
 def parse_infer_request(data: bytes | memoryview, max_fields: int = MAX_FIELDS) -> InferRequest:
     """A serialized ModelInferRequest as a core request; raw inputs are views of ``data``."""
-    return request_of_split(*split_infer_request(data, max_fields))
+    return _request_of_split(*split_infer_request(data, max_fields))
 
 
-def request_of_split(metadata: bytes | memoryview, raws: list[memoryview]) -> InferRequest:
+async def parse_in_turns(data: bytes | memoryview, max_fields: int = MAX_FIELDS) -> InferRequest:
+    """:func:`parse_infer_request`, its walk in turns of the event loop
+    (:func:`split_in_turns`): what the server's handlers call."""
+    return _request_of_split(*await split_in_turns(data, max_fields))
+
+
+def _request_of_split(metadata: bytes | memoryview, raws: list[memoryview]) -> InferRequest:
     """The core request of a ModelInferRequest split by :func:`split_infer_request` (or
     :func:`split_in_turns`)."""
     try:

@@ -126,7 +126,7 @@ class GrpcServicer:
         return convert.ArrivingRequest(self._max_fields)
 
     async def model_infer(self, request: memoryview, context: Any) -> Parts:
-        parsed = convert.request_of_split(*await convert.split_in_turns(request, self._max_fields))
+        parsed = await convert.parse_in_turns(request, self._max_fields)
         parsed.peer = shm.peer_of(context.peer())
         trace = self._trace(parsed, context) if context.opened_ns else None
         try:
@@ -218,9 +218,7 @@ class GrpcServicer:
         try:
             if isinstance(data, Refused):  # refused as it arrived (arriving_request)
                 raise data.error
-            request = convert.request_of_split(
-                *await convert.split_in_turns(data, self._max_fields)
-            )
+            request = await convert.parse_in_turns(data, self._max_fields)
             request.peer = peer
             if waited:
                 trace = self._stream_trace(request, waited)

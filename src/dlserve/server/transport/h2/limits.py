@@ -52,7 +52,7 @@ class Budget:
         if self.tokens >= 0 or not self.rate:
             return True
         now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.tokens = self._refilled(now)
         self.stamp = now
         return self.tokens >= 0
 
@@ -61,5 +61,8 @@ class Budget:
         faster than the rate, or in a burst (twenty calls cancelled at once, for resets)."""
         if not self.rate or self.tokens >= self.burst / 2:
             return False
-        level = self.tokens + (time.monotonic() - self.stamp) * self.rate
-        return level < self.burst / 2
+        return self._refilled(time.monotonic()) < self.burst / 2
+
+    def _refilled(self, now: float) -> float:
+        """The tokens there are at ``now``: those left, and the rate's since ``stamp``."""
+        return min(self.burst, self.tokens + (now - self.stamp) * self.rate)
