@@ -253,6 +253,25 @@ def test_costly_frames_of_one_read_are_handled_a_turns_time_at_a_time() -> None:
     asyncio.run(scenario())
 
 
+def test_a_connection_gets_one_turn_per_turn_of_the_loop() -> None:
+    """Three requests in one read, each 60% of a turn's time: two in the read's turn, the
+    third in the loop's next; reading resumes only at the turn after that, so the loop
+    polls the other connections between the two turns that read this one."""
+
+    async def scenario() -> None:
+        connection, wire = _slow()
+        await _turned()
+        connection.data_received(b"".join(headers(s, request_head()) for s in (1, 3, 5)))
+        after_the_rest: list[tuple[int, bool]] = []  # the loop's next turn, seen at its end
+        asyncio.get_running_loop().call_soon(
+            lambda: after_the_rest.append((len(connection.events), wire.paused))
+        )
+        await _until(lambda: not wire.paused)
+        assert after_the_rest == [(3, True)]  # all three handled, reading not yet resumed
+
+    asyncio.run(scenario())
+
+
 def test_a_turns_time_is_counted_across_reads() -> None:
     """Reads that each cost 60% of a turn, as the loop makes them one after another in
     one of its turns: reading pauses after the second, and resumes after the loop's turn."""

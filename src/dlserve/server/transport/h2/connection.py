@@ -25,11 +25,13 @@ cheap frames (rapid reset, SETTINGS, PING, empty frames) spend per-second budget
 them the client gets GOAWAY ENHANCE_YOUR_CALM. A connection's frames are handled for
 about ``TURN_S`` of the loop's time at most (``turns.py``), then the rest waits for the
 loop's next turn with reading paused (the time is counted across reads, and reading also
-pauses for a turn after each ``_BYTES_PER_TURN`` read): one connection never holds the
-event loop for long, whatever its frames cost; one that has spent half a flood budget,
-or whose reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for its
-next turn. Keepalive PINGs, the client's PING strikes and the idle timeout run on the
-loop's timers (``call_later``), one handle each per connection.
+pauses for a turn after each ``_BYTES_PER_TURN`` read); reading resumes at the turn after
+the rest's. So a connection gets one turn per turn of the loop, from its socket or from
+what a read left, and never holds the loop for long, whatever its frames cost. One that
+has spent half a flood budget, or whose reads were mostly DATA the server drops, waits
+``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's PING strikes and
+the idle timeout run on the loop's timers (``call_later``), one handle each per
+connection.
 
 Sending is the ``Sender``'s (``sending.py``), which the connection owns: DATA waits for
 the client's windows, and a producer may wait while a stream has more than
@@ -357,7 +359,7 @@ class Connection(asyncio.Protocol):
         else:  # more came before reading paused
             self._receive(b"".join([backlog[0][self._backlog_at :], *backlog[1:]]))
         if self._backlog is None and self.transport is not None and not self._dead:
-            self.transport.resume_reading()
+            self._turn_after(self._resume)  # not at once: the loop's poll comes between
 
     def _keep(self, rest: bytes, needed: int) -> None:
         self._partial = [rest]
