@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -276,9 +277,19 @@ async def serve(options: ServerOptions) -> None:
         loop.add_signal_handler(signum, stop.set)
     try:
         await server.start()
+        _freeze_what_start_made()
         await stop.wait()
     finally:
         await server.shutdown()
+
+
+def _freeze_what_start_made() -> None:
+    """The objects the start made (modules, the models' configs and handles) live as long
+    as the server: collected once, then kept out of the cyclic collector's walks. A full
+    collection walks every object the process holds, on the event loop: on a host of 16
+    vCPUs one took 24 ms while connections came and went, every client waiting."""
+    gc.collect()
+    gc.freeze()
 
 
 def run(options: ServerOptions) -> int:
