@@ -133,10 +133,11 @@ WRITE_GAPS = {
     ),
     "data-past-the-window": (
         "the server reads and gathers the 70 MiB (three times) 256 KiB a turn of its loop,"
-        " between the bystander's calls; on a small machine the writing process also takes"
-        " cores the bystander needs, and on a VM whose host takes back the guest's free"
-        " memory each fresh page's first write waits for the host (docs/network-edge.md,"
-        " The server's pages): the same writes to another server cost it"
+        " one turn of the connection per turn of the loop, between the bystander's calls;"
+        " on a small machine the writing process also takes cores the bystander needs, and"
+        " on a VM whose host takes back the guest's free memory each fresh page's first"
+        " write waits for the host (docs/network-edge.md, The server's pages): the same"
+        " writes to another server cost it"
     ),
 }
 
