@@ -414,6 +414,64 @@ def test_a_streaming_handler_gets_what_its_screen_refused_in_the_messages_place(
     run(scenario)
 
 
+def _pattern(size: int, bang_at: int = -1) -> bytes:
+    body = bytearray(bytes(b for b in range(256) if b != ord("!")) * (size // 255 + 1))[:size]
+    if bang_at >= 0:
+        body[bang_at] = ord("!")
+    return bytes(body)
+
+
+@pytest.mark.parametrize(
+    ("path", "sizes", "bang_at"),
+    [(b"/t.S/Chat", [3 * FRAME, 100_000, 5, 70_000, FRAME - 5, FRAME - 5], -1),
+     (b"/t.S/Chat", [300_000, 200_000, 40_000], 150_000),
+     (b"/t.S/Echo", [500_000], -1),
+     (b"/t.S/Echo", [500_000], 300_000)],
+    ids=["streaming", "streaming-refused", "unary", "unary-refused"],
+)  # fmt: skip
+def test_messages_gathered_from_runs_of_frames_are_those_of_frame_by_frame(
+    path: bytes, sizes: list[int], bang_at: int
+) -> None:
+    """A read of many DATA frames of one stream is gathered in runs (strided copies into the
+    message); the messages, the screen's refusals and what the client is sent are the same
+    as when each frame comes in a read of its own. A screen that refuses a message in the
+    middle of a run: the rest of the run is dropped as the frames one by one are."""
+    shown: list[list[int]] = [[], []]
+
+    async def scenario() -> None:
+        seen = []
+        for one_by_one in (False, True):
+            seen_by = shown[one_by_one]
+            screen = lambda: NoBang(seen_by)  # noqa: E731, B023 (used before the next turn)
+            methods = {
+                b"/t.S/Chat": Method(answering, streaming=True, screen=screen),
+                b"/t.S/Echo": Method(echo, screen=screen),
+            }
+            connection, wire = connect({p.decode(): m for p, m in methods.items()})
+            messages = [_pattern(size, bang_at if n == 1 or len(sizes) == 1 else -1)
+                        for n, size in enumerate(sizes)]  # fmt: skip
+            body = b"".join(message(m) for m in messages)
+            frames = [data(1, body[at : at + FRAME]) for at in range(0, len(body), FRAME)]
+            reads = [headers(1, request_head(path)), *frames, data(1, b"", end_stream=True)]
+            for read in reads if one_by_one else [b"".join(reads)]:
+                connection.data_received(read)
+            answered = messages_of(await ended(wire, 1))
+            while connection._backlog is not None or wire.paused:  # the rest of the read
+                await asyncio.sleep(0)
+            counted = connection._recv_unacked, connection._recv_credit, connection._in_flight
+            seen.append((answered, status(wire.of(1)), wire.frames, counted))
+        assert seen[0] == seen[1] and shown[0] == shown[1]
+        answered, (code, _), _, _ = seen[0]
+        if bang_at < 0:
+            assert (answered, code) == (messages, 0)
+        elif path == b"/t.S/Chat":  # the stream goes on past the refused message
+            assert (answered, code) == ([messages[0], b"refused: a bang", messages[2]], 0)
+        else:
+            assert not answered and code != 0
+
+    run(scenario)
+
+
 # -- compression ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("encoding", "squeeze"), [(b"gzip", gzip.compress), (b"deflate", zlib.compress)]

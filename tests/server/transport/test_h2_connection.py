@@ -14,12 +14,15 @@ from dlserve.server.transport.h2 import hpack_codec
 from dlserve.server.transport.h2.connection import Connection
 from dlserve.server.transport.h2.frames import (
     ACK,
+    CANCEL,
     COMPRESSION_ERROR,
     CONNECTION_WINDOW,
     CONTINUATION,
     DATA,
     END_HEADERS,
     END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
@@ -51,6 +54,11 @@ class Recorder(Connection):
         super().__init__(limits)
         self.events: list[Event] = []
         self.hold: set[int] = set()
+        self.runs = 0  # runs of DATA frames handed on together
+
+    def stream_frames(self, stream_id: int, frames: memoryview, length: int) -> int:
+        self.runs += 1
+        return super().stream_frames(stream_id, frames, length)
 
     def stream_opened(self, stream_id: int, headers: hpack_codec.Headers, end: bool) -> None:
         self.events.append(("opened", stream_id, dict(headers), end))
@@ -286,6 +294,101 @@ def test_a_held_stream_gets_its_window_when_its_reader_takes_it() -> None:
     [update] = wire.take()
     assert (update.kind, update.stream) == (WINDOW_UPDATE, 1)
     assert int.from_bytes(update.payload, "big") == STREAM_WINDOW
+
+
+# -- runs of DATA frames ------------------------------------------------------------------------
+FULL = 16384  # the default SETTINGS_MAX_FRAME_SIZE
+
+
+def frames_of(data_: bytes) -> list[bytes]:
+    """The frames of ``data_``, each whole."""
+    out, at = [], 0
+    while at < len(data_):
+        end = at + 9 + int.from_bytes(data_[at : at + 3], "big")
+        out.append(data_[at:end])
+        at = end
+    return out
+
+
+def run_both(
+    before: bytes,
+    *reads: bytes,
+    limits: Limits = Limits(),  # noqa: B008 (frozen)
+    reset: int = 0,
+    hold: int = 0,
+) -> tuple[Recorder, Wire, Recorder, Wire]:
+    """``reads`` after ``before`` to two connections: as they are (DATA frames just like the
+    one before them make runs) and one frame per read (no run); ``reset``: a stream the
+    server resets after ``before``; ``hold``: one whose reader takes nothing."""
+    made = []
+    for one_by_one in (False, True):
+        connection, wire = connected(limits=limits)
+        connection.hold.add(hold)
+        connection.data_received(before)
+        if reset:
+            connection.reset_stream(reset, CANCEL)
+        for read in reads:
+            for piece in frames_of(read) if one_by_one else [read]:
+                connection.data_received(piece)
+        made += [connection, wire]
+    return made[0], made[1], made[2], made[3]
+
+
+def assert_the_same(whole: Recorder, wire: Wire, framed: Recorder, framed_wire: Wire) -> None:
+    assert whole.events == framed.events
+    assert wire.frames == framed_wire.frames and wire.closed == framed_wire.closed
+    assert (whole._recv_unacked, whole._recv_credit) == (framed._recv_unacked, framed._recv_credit)
+    assert whole._in_flight == framed._in_flight and whole._dropped == framed._dropped
+    assert framed.runs == 0
+    assert {i: s.recv_pending for i, s in whole.streams.items()} == {
+        i: s.recv_pending for i, s in framed.streams.items()
+    }
+
+
+def test_a_run_of_data_frames_is_handed_on_as_its_frames_are() -> None:
+    """Frames just like the one before them (one stream, one length, no flag) are counted
+    and handed on together; the stream sees each frame's payload, the client the same
+    window updates, as when each frame comes in a read of its own."""
+    payloads = [bytes([n]) * FULL for n in range(40)] + [b"x" * 100] * 3
+    reads = b"".join(data(1, p) for p in payloads) + data(1, b"end", end_stream=True)
+    whole, wire, framed, framed_wire = run_both(headers(1, request_head()), reads)
+    assert_the_same(whole, wire, framed, framed_wire)
+    assert [e[2] for e in whole.events[1:]] == [*payloads, b"end"]
+    assert whole.runs == 4  # 16, 16 and 8 frames of 16 KiB, 3 of 100 bytes
+
+
+def test_a_run_past_the_streams_window_errs_at_its_frame() -> None:
+    """The frame that takes the stream past its window is FLOW_CONTROL_ERROR, the frames
+    before it handed on, as frame by frame."""
+    frames = data(1, b"\x01" * FULL) * (STREAM_WINDOW // FULL + 3)
+    whole, wire, framed, framed_wire = run_both(headers(1, request_head()), frames, hold=1)
+    assert_the_same(whole, wire, framed, framed_wire)
+    assert wire.closed and _code(wire.of(0)[-1]) == FLOW_CONTROL_ERROR
+    assert len(whole.events) == 1 + STREAM_WINDOW // FULL
+
+
+def test_a_run_past_the_streams_content_length_is_reset_at_its_frame() -> None:
+    head = request_head(b"/t.S/Echo", (b"content-length", b"%d" % (10 * 1000)))
+    frames = data(1, b"y" * 1000) * 12
+    whole, wire, framed, framed_wire = run_both(headers(1, head), frames)
+    assert_the_same(whole, wire, framed, framed_wire)
+    assert [f.kind for f in wire.of(1)] == [RST_STREAM]
+    assert [e[0] for e in whole.events] == ["opened", *["data"] * 10, "reset"]
+
+
+@pytest.mark.parametrize("received", [0, STREAM_WINDOW - 40 * FULL])
+def test_a_run_on_a_stream_the_server_ended_is_dropped_as_its_frames_are(received: int) -> None:
+    """DATA the client had on its way when the server reset its stream is dropped, free
+    within the window the client had; past it each frame spends the control budget, and a
+    run of them ends in ENHANCE_YOUR_CALM after as many frames as one by one."""
+    limits = Limits(max_frame_size=MAX_FRAME, max_control_frames_per_s=100)  # 20 at once
+    before = headers(1, request_head()) + (data(1, bytes(received)) if received else b"")
+    frames = data(1, b"z" * FULL) * 80
+    whole, wire, framed, framed_wire = run_both(before, frames, limits=limits, reset=1, hold=1)
+    assert_the_same(whole, wire, framed, framed_wire)
+    assert wire.closed == bool(received)
+    if received:
+        assert _code(wire.of(0)[-1]) == ENHANCE_YOUR_CALM
 
 
 # -- flow control, sending --------------------------------------------------------------------

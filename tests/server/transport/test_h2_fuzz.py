@@ -24,9 +24,13 @@ from dlserve.server.transport.h2.connection import Connection
 from dlserve.server.transport.h2.frames import (
     CONNECTION_WINDOW,
     CONTINUATION,
+    DATA,
     END_HEADERS,
+    END_STREAM,
     GOAWAY,
     HEADERS,
+    PADDED,
+    RST_STREAM,
     STREAM_WINDOW,
     frame,
 )
@@ -138,6 +142,61 @@ def test_header_blocks_cut_across_continuations(blocks: list[tuple[int, bytes]])
             for i, piece in enumerate(pieces[1:], 1)
         ]
     _drive([opening(), *frames])
+
+
+class Taker(Sink):
+    """A sink that records what each stream is handed, and ends a stream after 40 KiB (a
+    reader that answers before the rest of a request has come)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: list[tuple[int, bytes, bool]] = []
+        self.sizes: dict[int, int] = {}
+
+    def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
+        self.taken.append((stream_id, bytes(data), end_stream))
+        self.sizes[stream_id] = self.sizes.get(stream_id, 0) + len(data)
+        if self.sizes[stream_id] > 40_000 and stream_id in self.streams:
+            self.reset_stream(stream_id, 0)
+
+
+_OPENED = st.lists(st.tuples(st.sampled_from([1, 3, 5]), st.sampled_from([None, 0, 5000])),
+                   max_size=3)  # fmt: skip
+_RUNS = st.lists(
+    st.tuples(st.sampled_from([0, 1, 3, 5, 9]), st.sampled_from([0, 1, 100, 1024, 16384]),
+              st.integers(1, 24), st.sampled_from([0, 0, 0, END_STREAM, PADDED]),
+              st.sampled_from([b"", frame(RST_STREAM, 0, 3, bytes(4))])),
+    max_size=10,
+)  # fmt: skip
+
+
+@FUZZ
+@given(_OPENED, _RUNS)
+def test_runs_of_data_frames_change_nothing(
+    opened: list[tuple[int, int | None]], runs: list[tuple[int, int, int, int, bytes]]
+) -> None:
+    """DATA frames just like the one before them are handled as one run: what the streams
+    are handed, what the client is sent and what the connection counts are the same as
+    when each frame comes in a read of its own (no run)."""
+    frames = []
+    for stream, length in opened:
+        extra = ((b"content-length", b"%d" % length),) if length is not None else ()
+        frames.append(frame(HEADERS, END_HEADERS, stream, request_head(b"/t.S/A", *extra)))
+    for stream, length, repeat, flags, after in runs:
+        payload = bytes([length % 7]) + bytes(length - 1) if length else b""
+        frames += [frame(DATA, flags, stream, payload)] * repeat + [after]
+    done = []
+    for pieces in (frames, [b"".join(frames)]):
+        connection, wire = Taker(), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        for piece in [opening(), *pieces]:
+            if not wire.closed:
+                connection.data_received(piece)
+        done.append((
+            connection.taken, wire.frames, wire.closed, connection._recv_unacked,
+            connection._recv_credit, connection._in_flight, connection._dropped,
+        ))  # fmt: skip
+    assert done[0] == done[1]
 
 
 @FUZZ

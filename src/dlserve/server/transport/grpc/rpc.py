@@ -15,7 +15,9 @@ fewer than one message, a stream that ends inside a message, a Compressed-Flag o
 "trailers-only" responses with ``grpc-status`` and a percent-encoded ``grpc-message``.
 A handler's failure becomes a status through the server's ``status_of``; a method's
 ``guard`` may refuse a call from its headers before its handler runs, and its ``screen``
-a message arriving in pieces from its first bytes, before the rest is gathered.
+a message arriving in pieces from its first bytes, before the rest is gathered. A run of
+DATA frames inside a message (``Connection.stream_frames``) is copied into it with one
+strided copy, the screen looking as after each frame.
 
 ``GrpcConnection`` subclasses the HTTP/2 ``Connection`` because it is one: an HTTP/2
 connection whose streams are calls. It answers the connection's stream callbacks, which
@@ -222,25 +224,63 @@ class GrpcConnection(Connection):
             message[call.filled : call.filled + take] = data[:take]
             call.filled += take
             data = data[take:]
-            if call.screen is not None:
-                try:
-                    call.screen(message, call.filled)
-                except Exception as exc:  # the message is refused: the rest is not gathered
-                    call.message = call.screen = None
-                    if not call.method.streaming:
-                        self._finish(call, *self._status_of(exc))
-                        return
-                    call.skip = len(message) - call.filled
-                    call.buffer.clear()
-                    self._deliver(call, Refused(exc))
-                    continue
-            if call.filled == len(message):
-                flag = call.buffer[0]
+            if not self._arrived(call, message):
+                return
+
+    def stream_frames(self, stream_id: int, frames: memoryview, length: int) -> int:
+        """A run of DATA frames inside a message being gathered: their payloads copied
+        into it in one strided copy, as many whole frames as it has room for (``length``
+        bytes every ``9 + length``, after the first 9); the rest frame by frame. How many
+        frames it took: all, unless the call ended on one of them."""
+        call = self.calls.get(stream_id)
+        step = 9 + length
+        count = len(frames) // step
+        taken = 0
+        while taken < count and call is not None and self.calls.get(stream_id) is call:
+            message, left = call.message, count - taken
+            if call.skip >= 2 * length:  # whole frames of a message the screen refused
+                took = min(left, call.skip // length)
+                call.skip -= took * length
+            elif message is not None and len(message) - call.filled >= 2 * length:
+                took = min(left, (len(message) - call.filled) // length)
+                np.ndarray((took, length), np.uint8, message, call.filled)[...] = np.ndarray(
+                    (took, length), np.uint8, frames, taken * step + 9, (step, 1)
+                )
+                call.filled += took * length
+                taken += took
+                if not self._arrived(call, message, took, length):
+                    break
+                continue
+            else:
+                took = 1
+                self.stream_data(stream_id, frames[taken * step + 9 : (taken + 1) * step], False)
+            taken += took
+        return taken if call is not None and self.calls.get(stream_id) is not call else count
+
+    def _arrived(self, call: Call, message: memoryview, frames: int = 1, length: int = 0) -> bool:
+        """Bytes of ``message`` have arrived (in ``frames`` frames of ``length`` bytes):
+        its screen looks at them as each frame came in, and a whole message goes on. False
+        once the call has ended."""
+        if call.screen is not None:
+            try:
+                for later in range(frames - 1, -1, -1):
+                    call.screen(message, call.filled - later * length)
+            except Exception as exc:  # the message is refused: the rest is not gathered
                 call.message = call.screen = None
+                if not call.method.streaming:
+                    self._finish(call, *self._status_of(exc))
+                    return False
+                call.skip = len(message) - call.filled
                 call.buffer.clear()
-                self._message(call, flag, message)
-                if self.calls.get(call.stream_id) is not call:
-                    return  # the message ended the call
+                self._deliver(call, Refused(exc))
+                return True
+        if call.filled == len(message):
+            flag = call.buffer[0]
+            call.message = call.screen = None
+            call.buffer.clear()
+            self._message(call, flag, message)
+            return self.calls.get(call.stream_id) is call  # or the message ended the call
+        return True
 
     def _message(self, call: Call, flag: int, message: memoryview) -> None:
         """A whole message; a compressed one is kept so until its call takes it."""

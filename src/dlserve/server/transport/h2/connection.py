@@ -20,18 +20,21 @@ frame is checked as RFC 9113 section 6 says for its type, and against the stream
 stream error an RST_STREAM. Receiving: a stream's window is ``STREAM_WINDOW``, the
 connection's ``CONNECTION_WINDOW``; DATA past either is FLOW_CONTROL_ERROR, never kept.
 A stream's window is given back as its messages are taken (a subclass may hold it back:
-:meth:`Connection.holding`), the connection's as its streams' are, or end. Floods of
-cheap frames (rapid reset, SETTINGS, PING, empty frames) spend per-second budgets; past
-them the client gets GOAWAY ENHANCE_YOUR_CALM. A connection's frames are handled for
-about ``TURN_S`` of the loop's time at most (``turns.py``), then the rest waits for the
-loop's next turn with reading paused (the time is counted across reads, and reading also
-pauses for a turn after each ``_BYTES_PER_TURN`` read); reading resumes at the turn after
-the rest's. So a connection gets one turn per turn of the loop, from its socket or from
-what a read left, and never holds the loop for long, whatever its frames cost. One that
-has spent half a flood budget, or whose reads were mostly DATA the server drops, waits
-``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's PING strikes and
-the idle timeout run on the loop's timers (``call_later``), one handle each per
-connection.
+:meth:`Connection.holding`), the connection's as its streams' are, or end. DATA frames
+just like the one before them in a read (one stream, one length, no flag: a message cut
+into frames of the largest size) are a run of up to 16: checked, counted and handed on
+together (:meth:`Connection.stream_frames`), with what one by one would do where a frame
+of it errs or its stream ends during it. Floods of cheap frames (rapid reset, SETTINGS,
+PING, empty frames) spend per-second budgets; past them the client gets GOAWAY
+ENHANCE_YOUR_CALM. A connection's frames are handled for about ``TURN_S`` of the loop's
+time at most (``turns.py``), then the rest waits for the loop's next turn with reading
+paused (the time is counted across reads, and reading also pauses for a turn after each
+``_BYTES_PER_TURN`` read); reading resumes at the turn after the rest's. So a connection
+gets one turn per turn of the loop, from its socket or from what a read left, and never
+holds the loop for long, whatever its frames cost. One that has spent half a flood
+budget, or whose reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for
+its next turn. Keepalive PINGs, the client's PING strikes and the idle timeout run on the
+loop's timers (``call_later``), one handle each per connection.
 
 Sending is the ``Sender``'s (``sending.py``), which the connection owns: DATA waits for
 the client's windows, and a producer may wait while a stream has more than
@@ -110,6 +113,9 @@ _BYTES_PER_TURN: Final = 1 << 18
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _DATA_WEIGHT: Final = 2  # and a DATA frame (its copy, a look at the message) as this many
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
+# DATA frames just like the one before them (same length, stream, no flags) handled with it
+# as one run, at most this many more: a 256 KiB run of 16 KiB frames at most
+_RUN_FRAMES: Final = 15
 _SMALL_DATA: Final = 1024  # what a DATA frame costs at least of a stream's in-flight allowance
 _ENABLE_PUSH, _MAX_CONCURRENT, _INITIAL_WINDOW, _MAX_FRAME, _MAX_LIST = 0x2, 0x3, 0x4, 0x5, 0x6
 _KEEPALIVE_PING: Final = b"dlserve\x00"  # the opaque data of our keepalive PINGs
@@ -193,6 +199,20 @@ class Connection(asyncio.Protocol):
 
     def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
         raise NotImplementedError
+
+    def stream_frames(self, stream_id: int, frames: memoryview, length: int) -> int:
+        """A run of DATA frames of the stream, none ending it, as they lay in the read:
+        ``length`` bytes of payload after each 9-byte header (``frames[9 : 9 + length]``,
+        then every ``9 + length`` bytes), counted against the windows already. How many
+        it took: where the stream ended during the run (its reader reset it, or answered
+        and ended it), the rest is handled as if each came after. Here: each payload to
+        :meth:`stream_data`."""
+        step = 9 + length
+        for at in range(0, len(frames), step):
+            if stream_id not in self.streams:
+                return at // step
+            self.stream_data(stream_id, frames[at + 9 : at + step], False)
+        return len(frames) // step
 
     def stream_reset(self, stream_id: int) -> None:
         raise NotImplementedError
@@ -388,9 +408,20 @@ class Connection(asyncio.Protocol):
             if not self._settled or self._continuing:
                 self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             elif kind == DATA and not flags & PADDED:
-                stream = self._data_start(flags, head & 0x7FFFFFFF, length)  # the usual DATA
-                if stream is not None:
-                    self._hand_on(stream, view[pos + 9 : end], flags)
+                run = end
+                if not flags and length:  # the frames just like it that follow: one run
+                    tag = data[pos : pos + 9]
+                    last = min(size, end + _RUN_FRAMES * (9 + length)) - 9 - length
+                    while run <= last and data.startswith(tag, run):
+                        run += 9 + length
+                if run > end:
+                    self._data_run(view[pos:run], head & 0x7FFFFFFF, length)
+                    check = 0  # a run weighs as much as a look at the clock
+                else:
+                    stream = self._data_start(flags, head & 0x7FFFFFFF, length)  # the usual
+                    if stream is not None:
+                        self._hand_on(stream, view[pos + 9 : end], flags)
+                end = run
             elif kind == HEADERS:
                 self._headers(flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             else:
@@ -501,6 +532,56 @@ class Connection(asyncio.Protocol):
         if not length and not flags & END_STREAM:
             self._calm(self._control)
         return stream
+
+    def _data_run(self, frames: memoryview, stream_id: int, length: int) -> None:
+        """DATA frames of ``length`` bytes each, of one stream, no flags, as they lay in
+        the read (headers and all): counted and handed on as one where that changes
+        nothing the client can see (the windows and the stream's content-length hold them
+        all, or they are the rest of a window the client had on a stream we ended), else
+        one by one: one look-up, one count, one hand-on (``stream_frames``) for them all."""
+        step = 9 + length
+        count = len(frames) // step
+        total = count * length
+        stream = self.streams.get(stream_id)
+        if self._recv_unacked + total <= CONNECTION_WINDOW:
+            if (stream is not None and not stream.remote_ended and stream.expected < 0
+                    and stream.recv_pending + total <= STREAM_WINDOW):  # fmt: skip
+                frames = self._run_on(stream, frames, length, count)
+            elif stream is None and self._in_flight.get(stream_id, 0) >= (
+                cost := count * max(length, _SMALL_DATA)
+            ):
+                self._recv_unacked += total
+                self._in_flight[stream_id] -= cost
+                self._credit(total)
+                self._dropped += total
+                return
+        for at in range(0, len(frames), step):  # a frame may be the one that errs
+            if self._dead:
+                return
+            self._data(0, stream_id, frames[at + 9 : at + step])
+
+    def _run_on(
+        self, stream: StreamState, frames: memoryview, length: int, count: int
+    ) -> memoryview:
+        """Count the run with its open stream and hand it on; what is left of it where
+        the stream ended during it (uncounted again: for the frame-by-frame path)."""
+        total = count * length
+        self._recv_unacked += total
+        stream.recv_pending += total
+        taken = self.stream_frames(stream.stream_id, frames, length)
+        if taken < count:
+            size = (count - taken) * length
+            self._recv_unacked -= size
+            if self.streams.get(stream.stream_id) is stream:
+                stream.recv_pending -= size
+            else:  # forgetting the stream gave their window back, or left them in flight
+                self._recv_credit -= size
+                if stream.stream_id in self._in_flight:
+                    self._in_flight[stream.stream_id] += size
+            return frames[taken * (9 + length) :]
+        if stream.recv_pending >= _STREAM_REPLENISH and not self.holding(stream.stream_id):
+            self.give_back(stream.stream_id)
+        return frames[:0]
 
     def _unwanted(self, stream_id: int, stream: StreamState | None, length: int) -> None:
         if stream_id > self.last_stream_id or not stream_id % 2:
