@@ -3,9 +3,10 @@ what another client sees: a rapid-reset flood (CVE-2023-44487), a 16 MiB header 
 of HPACK references, a stream of empty CONTINUATION frames, SETTINGS and PING floods,
 DATA past the windows. Each attack ends, on every connection it opens, in GOAWAY with
 the code the limits name, and the bystander's health checks and inferences stay within
-the liveness bound meanwhile. Floods run in a child process at the lowest priority (the
-attacker's CPU is not the server's); attacks that write once run here. The memory the
-same attacks cost: test_h2_memory.py."""
+the liveness bound meanwhile. Attacks run in a child process at the lowest priority (the
+attacker's CPU is not the server's), each for ``FLOOD_S``: a flood on a connection until
+its GOAWAY, then another; an attack that writes once, on a connection after another. The
+memory the same attacks cost: test_h2_memory.py."""
 
 from __future__ import annotations
 
@@ -128,11 +129,12 @@ FLOOD_GAP = (
 WRITE_GAPS = {
     "16MiB-of-references": (
         "the server takes 32 KiB of the block before its GOAWAY; the writing process's 16 MiB"
-        " (three times) is most of what the bystander waits for, and on a small machine it"
-        " takes cores the bystander needs: the same writes to another server cost it"
+        " (a connection after another) is most of what the bystander waits for, and on a"
+        " small machine it takes cores the bystander needs: the same writes to another"
+        " server cost it"
     ),
     "data-past-the-window": (
-        "the server reads and gathers the 70 MiB (three times) 256 KiB a turn of its loop,"
+        "the server reads and gathers the 70 MiB of each connection 256 KiB a turn of its loop,"
         " one turn of the connection per turn of the loop, between the bystander's calls;"
         " on a small machine the writing process also takes cores the bystander needs, and"
         " on a VM whose host takes back the guest's free memory each fresh page's first"
@@ -197,10 +199,13 @@ WRITES: dict[str, tuple[Callable[[Raw], None], int]] = {
 
 
 def _writes_child(port: int, name: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """The write on a connection after another for ``FLOOD_S`` (three at least): the
+    bystander's p99 is then of a thousand calls or more, not its slowest of a few dozen."""
     os.nice(19)  # 70 MiB written is the attacker's CPU too
     attack, _ = WRITES[name]
     codes = []
-    for _ in range(3):
+    deadline = time.monotonic() + FLOOD_S
+    while time.monotonic() < deadline or len(codes) < 3:
         with Raw(port) as raw:
             attack(raw)
             codes.append(raw.goaway())
@@ -229,6 +234,6 @@ def test_a_single_write_attack_gets_its_goaway_and_others_are_served(
         _writes(elsewhere.grpc_port, name)
     with bystander.watching() as seen:
         codes = _writes(server.grpc_port, name)
-    assert codes == [WRITES[name][1]] * 3
+    assert len(codes) >= 3 and set(codes) == {WRITES[name][1]}
     gap = WRITE_GAPS[name]
     seen.bounds_or_known_gap(alone, f"{gap} (p99 {p99(control.infer) * 1e3:.2f} ms)")
