@@ -4,8 +4,9 @@ flags, stream, payload; header blocks of a real request, of garbage, cut across
 CONTINUATION). Whatever comes, ``data_received`` never raises, the connection keeps
 within its bounds (a partial frame, a header block, streams open, closed streams
 remembered, what a stream has received), and it ends either still serving or with a
-GOAWAY that carries an error code, closed. The decoder, given any bytes, returns a
-header list within its limit or raises one of its two errors.
+GOAWAY that carries an error code, closed. DATA frames in one read, handled in runs, do
+what the same frames do one read each. The decoder, given any bytes, returns a header
+list within its limit or raises one of its two errors.
 
 A bounded number of examples, derandomized, here; ``tools/fuzz.py h2 --examples N`` runs
 the same properties longer (``DLSERVE_FUZZ_EXAMPLES``)."""
