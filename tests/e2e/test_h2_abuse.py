@@ -135,7 +135,7 @@ WRITE_GAPS = {
     ),
     "data-past-the-window": (
         "the server reads and gathers the 70 MiB of each connection 256 KiB a turn of its loop,"
-        " one turn of the connection per turn of the loop, between the bystander's calls;"
+        " one turn of the connection per turn of the loop, behind what each poll woke;"
         " on a small machine the writing process also takes cores the bystander needs, and"
         " on a VM whose host takes back the guest's free memory each fresh page's first"
         " write waits for the host (docs/network-edge.md, The server's pages): the same"

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pytest
 from h2_wire import Frame, Wire, data, headers, opening, request_head
 from test_h2_connection import Recorder
 
@@ -198,16 +199,43 @@ def test_a_connection_read_at_full_speed_lets_the_loop_turn_every_256_kib() -> N
         connection.data_received(headers(1, request_head()))
         await _turned()
         assert not wire.paused
-        piece = data(1, bytes(16384)) * 4  # 64 KiB of DATA in a read
+        piece = data(1, bytes(16384)) * 3  # 48 KiB of DATA in a read: handled as it comes
         reads = 0
         while not wire.paused:
             connection.data_received(piece)
             reads += 1
-            assert reads <= 4  # 256 KiB: the loop's turn first
+            assert reads <= 6  # 256 KiB: the loop's turn first
         await _turned()
         assert not wire.paused
         taken = sum(len(e[2]) for e in connection.events if e[0] == "data")
-        assert taken == reads * 4 * 16384  # every read handled, nothing left behind
+        assert taken == reads * 3 * 16384  # every read handled, nothing left behind
+
+    asyncio.run(scenario())
+
+
+def test_an_uploads_read_is_handled_behind_what_the_loop_woke_with_it() -> None:
+    """A read of 64 KiB or more is an upload's: reading pauses, and its frames are handled
+    after the callbacks the same turn of the loop scheduled after it (a worker's reply
+    that came in the same poll wakes its request first), then reading resumes."""
+
+    async def scenario() -> None:
+        connection, wire = _connected()
+        connection.data_received(headers(1, request_head()))
+        await _turned()
+        order: list[str] = []
+        handled = connection.stream_data
+
+        def noted(stream_id: int, payload: memoryview | bytes, end_stream: bool) -> None:
+            order.append("frames")
+            handled(stream_id, payload, end_stream)
+
+        connection.stream_data = noted  # type: ignore[method-assign]
+        connection.data_received(data(1, bytes(16384)) * 8)  # 128 KiB
+        asyncio.get_running_loop().call_soon(order.append, "woken")  # the same poll's
+        assert wire.paused and not order
+        await _until(lambda: not wire.paused)
+        assert order[0] == "woken" and order.count("frames") == 8
+        assert sum(len(e[2]) for e in connection.events if e[0] == "data") == 8 * 16384
 
     asyncio.run(scenario())
 
@@ -321,11 +349,13 @@ def test_a_connection_spending_its_reset_budget_waits_for_its_turns() -> None:
     asyncio.run(scenario())
 
 
-def test_a_connection_whose_reads_are_dropped_waits_for_its_turns() -> None:
+@pytest.mark.parametrize("frames", [3, 8], ids=["reads-as-they-come", "an-uploads-reads"])
+def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int) -> None:
     """DATA still coming for a stream the server reset is dropped (RFC 9113 5.1): once a
     turn's reads were mostly such bytes, the connection's next turn comes
     ``_SPENDING_WAIT_S`` later, not at the loop's next turn; the same bytes for an open
-    stream get the next turn."""
+    stream get the next turn. Reads handled as they come, and an upload's (handled a turn
+    later), alike."""
 
     async def scenario(reset: bool) -> bool:
         connection, wire = _connected()
@@ -333,9 +363,11 @@ def test_a_connection_whose_reads_are_dropped_waits_for_its_turns() -> None:
         if reset:
             connection.reset_stream(1, CANCEL)
         await _turned()
-        piece = data(1, bytes(16384)) * 4
+        piece = data(1, bytes(16384)) * frames
         while not wire.paused:
             connection.data_received(piece)
+        while connection._backlog is not None:  # the reads' frames handled
+            await asyncio.sleep(0)
         await _turned()
         waited = wire.paused
         await _until(lambda: not wire.paused)

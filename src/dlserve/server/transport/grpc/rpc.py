@@ -112,8 +112,7 @@ class GrpcConnection(Connection):
         self.server.check_drained()
 
     # -- what the connection holds unsent (budget.py) ----------------------------------
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+    def frames_handled(self) -> None:
         self.budget.moved()  # a window may have grown, a stream been reset
 
     def pause_writing(self) -> None:

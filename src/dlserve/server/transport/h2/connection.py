@@ -29,12 +29,15 @@ PING, empty frames) spend per-second budgets; past them the client gets GOAWAY
 ENHANCE_YOUR_CALM. A connection's frames are handled for about ``TURN_S`` of the loop's
 time at most (``turns.py``), then the rest waits for the loop's next turn with reading
 paused (the time is counted across reads, and reading also pauses for a turn after each
-``_BYTES_PER_TURN`` read); reading resumes at the turn after the rest's. So a connection
-gets one turn per turn of the loop, from its socket or from what a read left, and never
-holds the loop for long, whatever its frames cost. One that has spent half a flood
-budget, or whose reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for
-its next turn. Keepalive PINGs, the client's PING strikes and the idle timeout run on the
-loop's timers (``call_later``), one handle each per connection.
+``_BYTES_PER_TURN`` read); reading resumes at the turn after the rest's. A read of
+``_BULK_READ`` or more (an upload's) is not handled when it comes but two hops of the
+loop's ready queue later, behind whatever the loop's poll woke with it (a worker's reply,
+another client's request). So a connection gets one turn per turn of the loop, from its
+socket or from what a read left, never holds the loop for long, whatever its frames
+cost, and an upload's turns come after the work they would have delayed. One that has
+spent half a flood budget, or whose reads were mostly DATA the server drops, waits
+``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's PING strikes and the
+idle timeout run on the loop's timers (``call_later``), one handle each per connection.
 
 Sending is the ``Sender``'s (``sending.py``), which the connection owns: DATA waits for
 the client's windows, and a producer may wait while a stream has more than
@@ -110,6 +113,10 @@ _SPENDING_WAIT_S: Final = 1e-3
 # loop: the loop reads a ready socket up to 32 times in one turn (libuv), 8 MiB at full
 # speed, before it serves anyone else; its copies of what it read are not in TURN_S
 _BYTES_PER_TURN: Final = 1 << 18
+# a read this large is an upload's: handled at a later turn of the loop, behind what the
+# loop's poll woke with it (a worker's reply, another client's request); smaller reads (a
+# request or few) are handled as they come
+_BULK_READ: Final = 1 << 16
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _DATA_WEIGHT: Final = 2  # and a DATA frame (its copy, a look at the message) as this many
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
@@ -273,6 +280,11 @@ class Connection(asyncio.Protocol):
         if self._turns is None:  # driven without a loop: no turns
             self._receive(data)
             return
+        if len(data) >= _BULK_READ and self.transport is not None:
+            self._backlog, self._backlog_at = [data], 0
+            self.transport.pause_reading()
+            self._turns.call_soon(self._turn_after, self._next_turn)  # two hops: behind
+            return
         began = clock()
         self._turn_end = began + TURN_S - self._spent
         self._receive(data)
@@ -296,6 +308,11 @@ class Connection(asyncio.Protocol):
             self._take(data, pos)
         finally:
             self.sender.uncork()
+        self.frames_handled()
+
+    def frames_handled(self) -> None:
+        """Frames of a read, or of what a read left for a later turn, were handled (a
+        window may have grown, a stream ended). Here: nothing."""
 
     def _take(self, data: bytes, pos: int) -> None:
         try:
@@ -375,11 +392,15 @@ class Connection(asyncio.Protocol):
         self._spent, self._read, self._dropped = 0.0, 0, 0  # a turn of its own
         self._turn_end = clock() + TURN_S
         if len(backlog) == 1:
+            size = len(backlog[0]) - self._backlog_at
             self._receive(backlog[0], self._backlog_at)
         else:  # more came before reading paused
-            self._receive(b"".join([backlog[0][self._backlog_at :], *backlog[1:]]))
+            joined = b"".join([backlog[0][self._backlog_at :], *backlog[1:]])
+            size = len(joined)
+            self._receive(joined)
         if self._backlog is None and self.transport is not None and not self._dead:
-            self._turn_after(self._resume)  # not at once: the loop's poll comes between
+            # not at once: the loop's poll comes between
+            self._turn_after(self._resume, 2 * self._dropped > size)
 
     def _keep(self, rest: bytes, needed: int) -> None:
         self._partial = [rest]
