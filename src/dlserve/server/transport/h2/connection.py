@@ -430,11 +430,12 @@ class Connection(asyncio.Protocol):
                 self._frame(kind, flags, head & 0x7FFFFFFF, view[pos + 9 : end])
             elif kind == DATA and not flags & PADDED:
                 run = end
-                if not flags and length:  # the frames just like it that follow: one run
-                    tag = data[pos : pos + 9]
+                if not flags and length:  # the whole frames just like it that follow: a run
                     last = min(size, end + _RUN_FRAMES * (9 + length)) - 9 - length
-                    while run <= last and data.startswith(tag, run):
-                        run += 9 + length
+                    if run <= last:  # one may follow (no slice for the tag otherwise)
+                        tag = data[pos : pos + 9]
+                        while run <= last and data.startswith(tag, run):
+                            run += 9 + length
                 if run > end:
                     self._data_run(view[pos:run], head & 0x7FFFFFFF, length)
                     check = 0  # a run weighs as much as a look at the clock
