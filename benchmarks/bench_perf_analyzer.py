@@ -140,23 +140,29 @@ def repository_for(cases: list[Case], root: Path) -> Path:
     return root
 
 
+def command_for(binary: Path, case: Case, server: _triton.RunningServer, window_ms: int,
+                stability: int, report: Path) -> list[str]:  # fmt: skip
+    """The perf_analyzer command line of ``case`` against ``server``, its CSV to ``report``."""
+    url = server.grpc_url if case.protocol == "grpc" else server.http_url
+    command = [
+        str(binary), "-m", case.model, "-u", url, "-i", case.protocol,
+        "--concurrency-range", f"{case.clients}:{case.clients}",
+        "--measurement-interval", str(window_ms), "--stability-percentage", str(stability),
+        "--max-trials", "10", "--percentile", "50", "-f", str(report),
+        *[arg for shape in case.shapes for arg in ("--shape", shape)],
+    ]  # fmt: skip
+    if case.shared_memory != "none":
+        command += ["--shared-memory", case.shared_memory,
+                    "--output-shared-memory-size", str(case.output_bytes)]  # fmt: skip
+    return command
+
+
 def run_case(binary: Path, case: Case, server: _triton.RunningServer,
              args: argparse.Namespace, round_: int) -> Result:  # fmt: skip
     result = Result(case.name, case.protocol, case.clients, server.name, round_)
-    url = server.grpc_url if case.protocol == "grpc" else server.http_url
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.csv"
-        command = [
-            str(binary), "-m", case.model, "-u", url, "-i", case.protocol,
-            "--concurrency-range", f"{case.clients}:{case.clients}",
-            "--measurement-interval", str(args.window_ms),
-            "--stability-percentage", str(args.stability),
-            "--max-trials", "10", "--percentile", "50", "-f", str(report),
-            *[arg for shape in case.shapes for arg in ("--shape", shape)],
-        ]  # fmt: skip
-        if case.shared_memory != "none":
-            command += ["--shared-memory", case.shared_memory,
-                        "--output-shared-memory-size", str(case.output_bytes)]  # fmt: skip
+        command = command_for(binary, case, server, args.window_ms, args.stability, report)
         done = subprocess.run(command, env=_perf_analyzer.environment(), capture_output=True,
                               text=True, timeout=600)  # fmt: skip
         if done.returncode != 0 or not report.exists():
@@ -245,7 +251,7 @@ def summary(results: list[Result], cases: list[Case], servers: list[str]) -> lis
     return rows
 
 
-def _fmt(value: float | None, spec: str = ".0f") -> str:
+def fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
@@ -253,10 +259,8 @@ def print_report(rows: list[dict[str, Any]], servers: list[str], rounds: int) ->
     head = f"{'case':<28}" + "".join(f"{s + ' p50':>14}{s + ' req/s':>15}" for s in servers)
     print(head + f"{'p50 ratio':>11}{'thr ratio':>11}  target (medians of {rounds} rounds)")
     for row in rows:
-        cells = "".join(
-            f"{_fmt(row[f'{s}_p50_us']):>14}{_fmt(row[f'{s}_rps']):>15}" for s in servers
-        )
-        ratio = f"{_fmt(row['p50_ratio'], '.3f'):>11}{_fmt(row['throughput_ratio'], '.3f'):>11}"
+        cells = "".join(f"{fmt(row[f'{s}_p50_us']):>14}{fmt(row[f'{s}_rps']):>15}" for s in servers)
+        ratio = f"{fmt(row['p50_ratio'], '.3f'):>11}{fmt(row['throughput_ratio'], '.3f'):>11}"
         print(f"{row['case']:<28}{cells}{ratio}  {row['target']}")
     print("\nsplit (us): client send / network+server / queue / compute input / infer / output"
           " / client recv")  # fmt: skip
@@ -265,7 +269,7 @@ def print_report(rows: list[dict[str, Any]], servers: list[str], rounds: int) ->
             split = row[f"{server}_split_us"]
             print(
                 f"{row['case']:<28} {server:<8} "
-                + " / ".join(_fmt(split[k]) for k in SPLIT.values())
+                + " / ".join(fmt(split[k]) for k in SPLIT.values())
             )
     pipeline = {r["case"].split()[0]: r for r in rows}
     if "bls_gpu_pipeline" in pipeline and "gpu_pipeline" in pipeline:
