@@ -33,7 +33,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -169,13 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{started}, {platform.node()}, {os.cpu_count()} CPUs, {pa.versions()}")
     print_report(rows, args.rounds)
     if args.json is not None:
-        document = {
-            "benchmark": "bench_mixed", "date": started, "versions": pa.versions(),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-            "settings": {"window_ms": args.window_ms, "rounds": args.rounds},
-            "summary": rows, "results": [asdict(r) for r in results],
-        }  # fmt: skip
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        pa.write_json(args.json, "bench_mixed", started, args, rows, results)
 
 
 if __name__ == "__main__":

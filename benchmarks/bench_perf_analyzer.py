@@ -317,13 +317,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{started}, {platform.node()}, {os.cpu_count()} CPUs, {versions()}")
     print_report(rows, args.servers, args.rounds)
     if args.json is not None:
-        document = {
-            "benchmark": "bench_perf_analyzer", "date": started, "versions": versions(),
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-            "settings": {"window_ms": args.window_ms, "rounds": args.rounds},
-            "summary": rows, "results": [asdict(r) for r in results],
-        }  # fmt: skip
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, "bench_perf_analyzer", started, args, rows, results)
+
+
+def write_json(path: Path, benchmark: str, started: str, args: argparse.Namespace,
+               rows: list[dict[str, Any]], results: list[Result]) -> None:  # fmt: skip
+    """The summary and every result, with the conditions they were measured under."""
+    document = {
+        "benchmark": benchmark, "date": started, "versions": versions(),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "settings": {"window_ms": args.window_ms, "rounds": args.rounds},
+        "summary": rows, "results": [asdict(r) for r in results],
+    }  # fmt: skip
+    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 if __name__ == "__main__":
