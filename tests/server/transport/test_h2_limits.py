@@ -240,6 +240,60 @@ def test_an_uploads_read_is_handled_behind_what_the_loop_woke_with_it() -> None:
     asyncio.run(scenario())
 
 
+def _upload_turns(busy: bool) -> tuple[list[bool], list[bool]]:
+    """Three 64 KiB reads of an upload, the loop busy with others' work before each or
+    not: whether reading was paused right after each read, and one hop after each read's
+    frames were handled."""
+    paused_after_read: list[bool] = []
+    paused_after_turn: list[bool] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        connection, wire = _connected()
+        connection.data_received(headers(1, request_head()))
+        await _turned()
+        handled = connection.stream_data
+
+        def noted(stream_id: int, payload: memoryview | bytes, end_stream: bool) -> None:
+            if not seen or seen[-1] != reads:
+                loop.call_soon(lambda: paused_after_turn.append(wire.paused))
+            seen.append(reads)
+            handled(stream_id, payload, end_stream)
+
+        seen: list[int] = []
+        connection.stream_data = noted  # type: ignore[method-assign]
+        for reads in range(1, 4):
+            if busy:
+                loop.call_soon(_spin, 3 * TURN_S)  # others' work, ahead in the ready queue
+            connection.data_received(data(1, bytes(16384)) * 4)
+            paused_after_read.append(wire.paused)
+            await _until(lambda: len(seen) == 4 * reads and not wire.paused)  # noqa: B023
+        await _turned()
+
+    asyncio.run(scenario())
+    return paused_after_read, paused_after_turn
+
+
+def _spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def test_on_a_quiet_loop_an_upload_reads_again_a_turn_after_its_frames() -> None:
+    """The loop came back to the upload's read at once: reading pauses at each read, and
+    resumes a turn of the loop after the read's frames were handled."""
+    assert _upload_turns(busy=False) == ([True] * 3, [True] * 3)
+
+
+def test_on_a_busy_loop_an_upload_reads_on_while_its_last_read_waits() -> None:
+    """Others' work came before the upload's read: its next read is not held back a turn
+    (reading resumes as its frames are handled, and stays on while one read waits); the
+    frames still wait behind what the poll woke. The first read, before the loop was
+    seen busy, pauses reading."""
+    assert _upload_turns(busy=True) == ([True, False, False], [False] * 3)
+
+
 async def _turned() -> None:
     """One turn of the loop."""
     turned = asyncio.Event()

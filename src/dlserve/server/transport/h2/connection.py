@@ -32,9 +32,12 @@ paused (the time is counted across reads, and reading also pauses for a turn aft
 ``_BYTES_PER_TURN`` read); reading resumes at the turn after the rest's. A read of
 ``_BULK_READ`` or more (an upload's) is not handled when it comes but two hops of the
 loop's ready queue later, behind whatever the loop's poll woke with it (a worker's reply,
-another client's request). So a connection gets one turn per turn of the loop, from its
-socket or from what a read left, never holds the loop for long, whatever its frames
-cost, and an upload's turns come after the work they would have delayed. One that has
+another client's request). Where the loop was busy with others when it came back to an
+upload's read (``_BUSY_HOP_S``), the upload's next read is not held back a turn for them:
+reading stays on while one read waits for its turn, and resumes as it is handled. So a
+connection gets one turn per turn of the loop, from its socket or from what a read left,
+never holds the loop for long, whatever its frames cost, and an upload's turns come
+after the work they would have delayed. One that has
 spent half a flood budget, or whose reads were mostly DATA the server drops, waits
 ``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's PING strikes and the
 idle timeout run on the loop's timers (``call_later``), one handle each per connection.
@@ -117,6 +120,10 @@ _BYTES_PER_TURN: Final = 1 << 18
 # loop's poll woke with it (a worker's reply, another client's request); smaller reads (a
 # request or few) are handled as they come
 _BULK_READ: Final = 1 << 16
+# the loop took this long to come back to an upload's read: it was busy with others, whose
+# work went first; the upload's next read is not held back a turn for them (its frames
+# are still handled behind what each poll woke)
+_BUSY_HOP_S: Final = 2 * TURN_S
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _DATA_WEIGHT: Final = 2  # and a DATA frame (its copy, a look at the message) as this many
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
@@ -166,6 +173,8 @@ class Connection(asyncio.Protocol):
         self._dropped = 0  # bytes of DATA dropped since then (calls that had ended)
         self._turn_end = float("inf")  # when the turn under way is over (no loop: never)
         self._backlog_at = 0  # where in the first of them
+        self._bulk_at = 0.0  # when the upload's read waiting for its turn came
+        self._busy = False  # the loop was busy with others at the upload's last read
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
         # (stream id, its flags, payload bytes still to come)
         self._streaming: tuple[int, int, int] | None = None
@@ -274,6 +283,8 @@ class Connection(asyncio.Protocol):
         DATA frame, whose payload is handed on piece by piece as it arrives (no copy here)."""
         if self._backlog is not None:
             self._backlog.append(data)
+            if self.transport is not None:
+                self.transport.pause_reading()  # two reads wait at most
             return
         if self._dead:
             return
@@ -282,8 +293,10 @@ class Connection(asyncio.Protocol):
             return
         if len(data) >= _BULK_READ and self.transport is not None:
             self._backlog, self._backlog_at = [data], 0
-            self.transport.pause_reading()
-            self._turns.call_soon(self._turn_after, self._next_turn)  # two hops: behind
+            if not self._busy:
+                self.transport.pause_reading()
+            self._bulk_at = clock()
+            self._turns.call_soon(self._bulk_hop)  # two hops: behind
             return
         began = clock()
         self._turn_end = began + TURN_S - self._spent
@@ -380,10 +393,18 @@ class Connection(asyncio.Protocol):
         spending its flood budgets, or most of what it sent lately was dropped (DATA of
         calls that had ended: refused, reset, answered): others go first."""
         assert self._turns is not None
-        if dropping or self._control.spending() or self._resets.spending():
+        if dropping or self._spending():
             self._turns.call_later(_SPENDING_WAIT_S, callback)
         else:
             self._turns.call_soon(callback)
+
+    def _spending(self) -> bool:
+        return self._control.spending() or self._resets.spending()
+
+    def _bulk_hop(self) -> None:
+        """An upload's read, one hop of the ready queue later: how long the loop took."""
+        self._busy = clock() - self._bulk_at > _BUSY_HOP_S
+        self._turn_after(self._next_turn)
 
     def _next_turn(self) -> None:
         backlog, self._backlog = self._backlog, None
@@ -399,8 +420,11 @@ class Connection(asyncio.Protocol):
             size = len(joined)
             self._receive(joined)
         if self._backlog is None and self.transport is not None and not self._dead:
-            # not at once: the loop's poll comes between
-            self._turn_after(self._resume, 2 * self._dropped > size)
+            dropping = 2 * self._dropped > size
+            if self._busy and not dropping and not self._spending():  # others' work comes between
+                self._resume()
+            else:  # not at once: the loop's poll comes between
+                self._turn_after(self._resume, dropping)
 
     def _keep(self, rest: bytes, needed: int) -> None:
         self._partial = [rest]
