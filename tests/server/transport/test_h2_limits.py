@@ -403,13 +403,18 @@ def test_a_connection_spending_its_reset_budget_waits_for_its_turns() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("frames", [3, 8], ids=["reads-as-they-come", "an-uploads-reads"])
-def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int) -> None:
+@pytest.mark.parametrize(
+    ("frames", "busy"),
+    [(3, False), (8, False), (8, True)],
+    ids=["reads-as-they-come", "an-uploads-reads", "an-uploads-reads-on-a-busy-loop"],
+)
+def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int, busy: bool) -> None:
     """DATA still coming for a stream the server reset is dropped (RFC 9113 5.1): once a
     turn's reads were mostly such bytes, the connection's next turn comes
     ``_SPENDING_WAIT_S`` later, not at the loop's next turn; the same bytes for an open
     stream get the next turn. Reads handled as they come, and an upload's (handled a turn
-    later), alike."""
+    later), alike, the latter also where the loop is busy with others' work (which lets
+    an upload read on)."""
 
     async def scenario(reset: bool) -> bool:
         connection, wire = _connected()
@@ -419,6 +424,8 @@ def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int) -
         await _turned()
         piece = data(1, bytes(16384)) * frames
         while not wire.paused:
+            if busy:
+                asyncio.get_running_loop().call_soon(_spin, 3 * TURN_S)
             connection.data_received(piece)
         while connection._backlog is not None:  # the reads' frames handled
             await asyncio.sleep(0)
