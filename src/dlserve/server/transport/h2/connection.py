@@ -37,10 +37,10 @@ upload's read (``_BUSY_HOP_S``), the upload's next read is not held back a turn 
 reading stays on while one read waits for its turn, and resumes as it is handled. So a
 connection gets one turn per turn of the loop, from its socket or from what a read left,
 never holds the loop for long, whatever its frames cost, and an upload's turns come
-after the work they would have delayed. One that has
-spent half a flood budget, or whose reads were mostly DATA the server drops, waits
-``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's PING strikes and the
-idle timeout run on the loop's timers (``call_later``), one handle each per connection.
+after the work they would have delayed. One that has spent half a flood budget, or whose
+reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for its next turn.
+Keepalive PINGs, the client's PING strikes and the idle timeout run on the loop's timers
+(``call_later``), one handle each per connection.
 
 Sending is the ``Sender``'s (``sending.py``), which the connection owns: DATA waits for
 the client's windows, and a producer may wait while a stream has more than
