@@ -299,6 +299,31 @@ def test_on_a_busy_loop_an_upload_reads_on_while_its_last_read_waits() -> None:
     assert _upload_turns(busy=True) == ([True, False, False], [False] * 3)
 
 
+def test_on_a_busy_loop_an_upload_spending_its_reset_budget_still_waits_for_its_turns() -> None:
+    """Twelve calls opened and reset at once spend over half of a reset budget of 20: the
+    connection's upload, on a loop busy with others, still waits ``_SPENDING_WAIT_S`` for
+    its next read after its frames are handled (a busy loop lets an upload read on, not a
+    connection that is spending)."""
+
+    async def scenario() -> None:
+        connection, wire = _connected(Limits(max_resets_per_s=20))
+        reset = (8).to_bytes(4, "big")
+        opened_and_reset = (headers(s, request_head()) + frame(RST_STREAM, 0, s, reset)
+                            for s in range(1, 25, 2))  # fmt: skip
+        connection.data_received(b"".join(opened_and_reset) + headers(25, request_head()))
+        await _until(lambda: not wire.paused)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(_spin, 3 * TURN_S)  # others' work, ahead of the upload's read
+        connection.data_received(data(25, bytes(16384)) * 4)
+        await _until(lambda: sum(1 for e in connection.events if e[0] == "data") == 4)
+        await _turned()
+        assert wire.paused  # not resumed as the frames were handled
+        await _until(lambda: not wire.paused)
+        assert not wire.closed
+
+    asyncio.run(scenario())
+
+
 async def _turned() -> None:
     """One turn of the loop."""
     turned = asyncio.Event()
