@@ -241,7 +241,8 @@ def test_a_cancelled_request_that_waits_is_not_run(
         time.sleep(0.01)
     with open(g1, "w") as fifo:
         fifo.write("go\n")
-    third = threading.Thread(target=lambda: done.put(client.infer("gated", _gated_inputs(s3, g3))))
+    later: queue.Queue[Any] = queue.Queue()  # request 3's, apart: it may come before 1's
+    third = threading.Thread(target=lambda: later.put(client.infer("gated", _gated_inputs(s3, g3))))
     third.start()
     assert _read_line(s3) == "started\n"  # request 2 was skipped: request 3 runs
     with open(g3, "w") as fifo:
@@ -249,6 +250,7 @@ def test_a_cancelled_request_that_waits_is_not_run(
     third.join(DEADLINE_S)
     first = done.get(timeout=DEADLINE_S)
     assert first[1] is None  # request 1 answered
+    assert later.get(timeout=DEADLINE_S).get_response().id == ""  # and request 3
 
 
 def test_model_control_from_a_model(test_server: RunningServer) -> None:
