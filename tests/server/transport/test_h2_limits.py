@@ -350,6 +350,59 @@ def _slow(limits: Limits = Limits(max_resets_per_s=0)) -> tuple[_Slow, Wire]:  #
     return connection, wire
 
 
+class _Kept(_Slow):
+    """A slow connection that notes which buffer each DATA payload it is handed lies in."""
+
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
+        self.buffers: list[object] = []
+
+    def stream_data(self, stream_id: int, data: memoryview | bytes, end_stream: bool) -> None:
+        self.buffers.append(data.obj if isinstance(data, memoryview) else data)
+        super().stream_data(stream_id, data, end_stream)
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["turn-ends-inside-a-read", "at-its-end"])
+def test_on_a_busy_loop_two_reads_that_wait_are_handled_in_order_where_they_are(
+    cut: bool,
+) -> None:
+    """On a busy loop a second read can come while an upload's read waits for its turn.
+    Both are handled in order from the buffers they came in (not joined into a new one):
+    a frame cut between them is whole, the read the turn ended inside (or after) is taken
+    up at the next turn, and the second read follows it."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        connection, wire = _Kept(Limits(max_resets_per_s=0)), Wire()
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        connection.data_received(opening() + headers(1, request_head()))
+        await _until(lambda: not wire.paused)
+        upload = data(1, bytes(16384)) * 4
+        loop.call_soon(_spin, 3 * TURN_S)  # others' work: the loop is seen busy
+        connection.data_received(upload)
+        await _until(lambda: len(connection.buffers) == 4 and not wire.paused)
+        ping = frame(PING, 0, 0, b"pingpong")
+        # two calls, each 60% of a turn: the turn is over after them
+        first = upload + headers(3, request_head()) + headers(5, request_head())
+        first += headers(7, request_head()) + ping[:4] if cut else b""
+        second = (b"" if cut else headers(7, request_head()) + ping[:4]) + ping[4:]
+        second += data(1, b"last")
+        loop.call_soon(_spin, 3 * TURN_S)
+        connection.data_received(first)
+        assert not wire.paused  # busy: reading goes on while one read waits
+        connection.data_received(second)
+        assert wire.paused  # two wait: no more
+        await _until(lambda: len(connection.buffers) == 9 and not wire.paused)
+        opened = [e[1] for e in connection.events if e[0] == "opened"]
+        assert opened == [1, 3, 5, 7]
+        assert connection.events[-1] == ("data", 1, b"last", False)
+        assert connection.buffers[4:8] == [first] * 4 and connection.buffers[8] is second
+        assert [f.payload for f in wire.frames if f.kind == PING] == [b"pingpong"]
+        assert not wire.closed
+
+    asyncio.run(scenario())
+
+
 def test_costly_frames_of_one_read_are_handled_a_turns_time_at_a_time() -> None:
     """Ten requests in one read, each 60% of a turn's time to handle: two at most before
     the loop's turn (the turn is over after the second), reading paused until all are."""

@@ -383,7 +383,11 @@ class Connection(asyncio.Protocol):
         if left < 9 + length or self._turns is None:
             self._keep(data[pos:], 9 + length)
             return
-        self._backlog, self._backlog_at = [data], pos
+        self._leave([data], pos)
+
+    def _leave(self, reads: list[bytes], pos: int) -> None:
+        """``reads``, from ``pos`` in the first, for the loop's next turn."""
+        self._backlog, self._backlog_at = reads, pos
         assert self.transport is not None
         self.transport.pause_reading()
         self._turn_after(self._next_turn)
@@ -412,13 +416,24 @@ class Connection(asyncio.Protocol):
             return
         self._spent, self._read, self._dropped = 0.0, 0, 0  # a turn of its own
         self._turn_end = clock() + TURN_S
-        if len(backlog) == 1:
-            size = len(backlog[0]) - self._backlog_at
-            self._receive(backlog[0], self._backlog_at)
-        else:  # more came before reading paused
-            joined = b"".join([backlog[0][self._backlog_at :], *backlog[1:]])
-            size = len(joined)
-            self._receive(joined)
+        size, pos = 0, self._backlog_at
+        self.sender.cork()  # what the frames are answered with goes out in one write
+        try:
+            for i, read in enumerate(backlog):  # each read where it is: no join
+                if i and clock() >= self._turn_end:  # the turn ended with a read
+                    self._leave(backlog[i:], 0)
+                    break
+                self._take(read, pos)
+                size += len(read) - pos
+                pos = 0
+                if self._backlog is not None:  # the turn ended inside this read
+                    self._backlog.extend(backlog[i + 1 :])
+                    break
+                if self._dead or self.transport is None:
+                    break
+        finally:
+            self.sender.uncork()
+        self.frames_handled()
         if self._backlog is None and self.transport is not None and not self._dead:
             dropping = 2 * self._dropped > size
             if self._busy and not dropping and not self._spending():  # others' work comes between
