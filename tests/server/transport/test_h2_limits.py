@@ -13,7 +13,6 @@ import pytest
 from h2_wire import Frame, Wire, data, headers, opening, request_head
 from test_h2_connection import Recorder
 
-from dlserve.server.transport.h2 import connection as connection_module
 from dlserve.server.transport.h2.frames import (
     ACK,
     CANCEL,
@@ -241,89 +240,6 @@ def test_an_uploads_read_is_handled_behind_what_the_loop_woke_with_it() -> None:
     asyncio.run(scenario())
 
 
-def _upload_turns(busy: bool) -> tuple[list[bool], list[bool]]:
-    """Three 64 KiB reads of an upload, the loop busy with others' work before each or
-    not: whether reading was paused right after each read, and one hop after each read's
-    frames were handled."""
-    paused_after_read: list[bool] = []
-    paused_after_turn: list[bool] = []
-
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        connection, wire = _connected()
-        connection.data_received(headers(1, request_head()))
-        await _turned()
-        handled = connection.stream_data
-
-        def noted(stream_id: int, payload: memoryview | bytes, end_stream: bool) -> None:
-            if not seen or seen[-1] != reads:
-                loop.call_soon(lambda: paused_after_turn.append(wire.paused))
-            seen.append(reads)
-            handled(stream_id, payload, end_stream)
-
-        seen: list[int] = []
-        connection.stream_data = noted  # type: ignore[method-assign]
-        for reads in range(1, 4):
-            if busy:
-                loop.call_soon(_spin, 3 * TURN_S)  # others' work, ahead in the ready queue
-            connection.data_received(data(1, bytes(16384)) * 4)
-            paused_after_read.append(wire.paused)
-            await _until(lambda: len(seen) == 4 * reads and not wire.paused)  # noqa: B023
-        await _turned()
-
-    asyncio.run(scenario())
-    return paused_after_read, paused_after_turn
-
-
-def _spin(seconds: float) -> None:
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        pass
-
-
-def test_on_a_quiet_loop_an_upload_reads_again_a_turn_after_its_frames(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The loop came back to the upload's read at once: reading pauses at each read, and
-    resumes a turn of the loop after the read's frames were handled. (What is busy is
-    raised to a second here: a machine's hiccup between two hops is not the loop's work.)"""
-    monkeypatch.setattr(connection_module, "_BUSY_HOP_S", 1.0)
-    assert _upload_turns(busy=False) == ([True] * 3, [True] * 3)
-
-
-def test_on_a_busy_loop_an_upload_reads_on_while_its_last_read_waits() -> None:
-    """Others' work came before the upload's read: its next read is not held back a turn
-    (reading resumes as its frames are handled, and stays on while one read waits); the
-    frames still wait behind what the poll woke. The first read, before the loop was
-    seen busy, pauses reading."""
-    assert _upload_turns(busy=True) == ([True, False, False], [False] * 3)
-
-
-def test_on_a_busy_loop_an_upload_spending_its_reset_budget_still_waits_for_its_turns() -> None:
-    """Twelve calls opened and reset at once spend over half of a reset budget of 20: the
-    connection's upload, on a loop busy with others, still waits ``_SPENDING_WAIT_S`` for
-    its next read after its frames are handled (a busy loop lets an upload read on, not a
-    connection that is spending)."""
-
-    async def scenario() -> None:
-        connection, wire = _connected(Limits(max_resets_per_s=20))
-        reset = (8).to_bytes(4, "big")
-        opened_and_reset = (headers(s, request_head()) + frame(RST_STREAM, 0, s, reset)
-                            for s in range(1, 25, 2))  # fmt: skip
-        connection.data_received(b"".join(opened_and_reset) + headers(25, request_head()))
-        await _until(lambda: not wire.paused)
-        loop = asyncio.get_running_loop()
-        loop.call_soon(_spin, 3 * TURN_S)  # others' work, ahead of the upload's read
-        connection.data_received(data(25, bytes(16384)) * 4)
-        await _until(lambda: sum(1 for e in connection.events if e[0] == "data") == 4)
-        await _turned()
-        assert wire.paused  # not resumed as the frames were handled
-        await _until(lambda: not wire.paused)
-        assert not wire.closed
-
-    asyncio.run(scenario())
-
-
 async def _turned() -> None:
     """One turn of the loop."""
     turned = asyncio.Event()
@@ -363,40 +279,31 @@ class _Kept(_Slow):
 
 
 @pytest.mark.parametrize("cut", [True, False], ids=["turn-ends-inside-a-read", "at-its-end"])
-def test_on_a_busy_loop_two_reads_that_wait_are_handled_in_order_where_they_are(
-    cut: bool,
-) -> None:
-    """On a busy loop a second read can come while an upload's read waits for its turn.
-    Both are handled in order from the buffers they came in (not joined into a new one):
-    a frame cut between them is whole, the read the turn ended inside (or after) is taken
-    up at the next turn, and the second read follows it."""
+def test_a_read_that_came_before_reading_paused_follows_the_one_that_waits(cut: bool) -> None:
+    """A transport may hand on a read after reading paused, while an upload's read waits
+    for its turn. Both are handled in order from the buffers they came in (not joined
+    into a new one): a frame cut between them is whole, the read the turn ended inside
+    (or after) is taken up at the next turn, and the second read follows it."""
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
         connection, wire = _Kept(Limits(max_resets_per_s=0)), Wire()
         connection.connection_made(wire)  # type: ignore[arg-type]
         connection.data_received(opening() + headers(1, request_head()))
         await _until(lambda: not wire.paused)
-        upload = data(1, bytes(16384)) * 4
-        loop.call_soon(_spin, 3 * TURN_S)  # others' work: the loop is seen busy
-        connection.data_received(upload)
-        await _until(lambda: len(connection.buffers) == 4 and not wire.paused)
         ping = frame(PING, 0, 0, b"pingpong")
-        # two calls, each 60% of a turn: the turn is over after them
-        first = upload + headers(3, request_head()) + headers(5, request_head())
+        # an upload's frames, then two calls, each 60% of a turn: the turn is over after them
+        first = data(1, bytes(16384)) * 4 + headers(3, request_head()) + headers(5, request_head())
         first += headers(7, request_head()) + ping[:4] if cut else b""
         second = (b"" if cut else headers(7, request_head()) + ping[:4]) + ping[4:]
         second += data(1, b"last")
-        loop.call_soon(_spin, 3 * TURN_S)
         connection.data_received(first)
-        assert not wire.paused  # busy: reading goes on while one read waits
+        assert wire.paused
         connection.data_received(second)
-        assert wire.paused  # two wait: no more
-        await _until(lambda: len(connection.buffers) == 9 and not wire.paused)
+        await _until(lambda: len(connection.buffers) == 5 and not wire.paused)
         opened = [e[1] for e in connection.events if e[0] == "opened"]
         assert opened == [1, 3, 5, 7]
         assert connection.events[-1] == ("data", 1, b"last", False)
-        assert connection.buffers[4:8] == [first] * 4 and connection.buffers[8] is second
+        assert connection.buffers[:4] == [first] * 4 and connection.buffers[4] is second
         assert [f.payload for f in wire.frames if f.kind == PING] == [b"pingpong"]
         assert not wire.closed
 
@@ -486,18 +393,13 @@ def test_a_connection_spending_its_reset_budget_waits_for_its_turns() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize(
-    ("frames", "busy"),
-    [(3, False), (8, False), (8, True)],
-    ids=["reads-as-they-come", "an-uploads-reads", "an-uploads-reads-on-a-busy-loop"],
-)
-def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int, busy: bool) -> None:
+@pytest.mark.parametrize("frames", [3, 8], ids=["reads-as-they-come", "an-uploads-reads"])
+def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int) -> None:
     """DATA still coming for a stream the server reset is dropped (RFC 9113 5.1): once a
     turn's reads were mostly such bytes, the connection's next turn comes
     ``_SPENDING_WAIT_S`` later, not at the loop's next turn; the same bytes for an open
     stream get the next turn. Reads handled as they come, and an upload's (handled a turn
-    later), alike, the latter also where the loop is busy with others' work (which lets
-    an upload read on)."""
+    later), alike."""
 
     async def scenario(reset: bool) -> bool:
         connection, wire = _connected()
@@ -507,8 +409,6 @@ def test_a_connection_whose_reads_are_dropped_waits_for_its_turns(frames: int, b
         await _turned()
         piece = data(1, bytes(16384)) * frames
         while not wire.paused:
-            if busy:
-                asyncio.get_running_loop().call_soon(_spin, 3 * TURN_S)
             connection.data_received(piece)
         while connection._backlog is not None:  # the reads' frames handled
             await asyncio.sleep(0)

@@ -32,15 +32,12 @@ paused (the time is counted across reads, and reading also pauses for a turn aft
 ``_BYTES_PER_TURN`` read); reading resumes at the turn after the rest's. A read of
 ``_BULK_READ`` or more (an upload's) is not handled when it comes but two hops of the
 loop's ready queue later, behind whatever the loop's poll woke with it (a worker's reply,
-another client's request). Where the loop was busy with others when it came back to an
-upload's read (``_BUSY_HOP_S``), the upload's next read is not held back a turn for them:
-reading stays on while one read waits for its turn, and resumes as it is handled. So a
-connection gets one turn per turn of the loop, from its socket or from what a read left,
-never holds the loop for long, whatever its frames cost, and an upload's turns come
-after the work they would have delayed. One that has spent half a flood budget, or whose
-reads were mostly DATA the server drops, waits ``_SPENDING_WAIT_S`` for its next turn.
-Keepalive PINGs, the client's PING strikes and the idle timeout run on the loop's timers
-(``call_later``), one handle each per connection.
+another client's request). So a connection gets one turn per turn of the loop, from its
+socket or from what a read left, never holds the loop for long, whatever its frames
+cost, and an upload's turns come after the work they would have delayed. One that has
+spent half a flood budget, or whose reads were mostly DATA the server drops, waits
+``_SPENDING_WAIT_S`` for its next turn. Keepalive PINGs, the client's PING strikes and the
+idle timeout run on the loop's timers (``call_later``), one handle each per connection.
 
 Sending is the ``Sender``'s (``sending.py``), which the connection owns: DATA waits for
 the client's windows, and a producer may wait while a stream has more than
@@ -120,10 +117,6 @@ _BYTES_PER_TURN: Final = 1 << 18
 # loop's poll woke with it (a worker's reply, another client's request); smaller reads (a
 # request or few) are handled as they come
 _BULK_READ: Final = 1 << 16
-# the loop took this long to come back to an upload's read: it was busy with others, whose
-# work went first; the upload's next read is not held back a turn for them (its frames
-# are still handled behind what each poll woke)
-_BUSY_HOP_S: Final = 2 * TURN_S
 _HEADERS_WEIGHT: Final = 8  # a HEADERS frame (a new call) counts as this many frames
 _DATA_WEIGHT: Final = 2  # and a DATA frame (its copy, a look at the message) as this many
 _CLOSED_KEPT: Final = 256  # closed streams remembered: which ones a late frame may name
@@ -173,8 +166,6 @@ class Connection(asyncio.Protocol):
         self._dropped = 0  # bytes of DATA dropped since then (calls that had ended)
         self._turn_end = float("inf")  # when the turn under way is over (no loop: never)
         self._backlog_at = 0  # where in the first of them
-        self._bulk_at = 0.0  # when the upload's read waiting for its turn came
-        self._busy = False  # the loop was busy with others at the upload's last read
         # a large DATA frame whose payload is handed on as it arrives, not joined first:
         # (stream id, its flags, payload bytes still to come)
         self._streaming: tuple[int, int, int] | None = None
@@ -283,8 +274,6 @@ class Connection(asyncio.Protocol):
         DATA frame, whose payload is handed on piece by piece as it arrives (no copy here)."""
         if self._backlog is not None:
             self._backlog.append(data)
-            if self.transport is not None:
-                self.transport.pause_reading()  # two reads wait at most
             return
         if self._dead:
             return
@@ -293,10 +282,8 @@ class Connection(asyncio.Protocol):
             return
         if len(data) >= _BULK_READ and self.transport is not None:
             self._backlog, self._backlog_at = [data], 0
-            if not self._busy:
-                self.transport.pause_reading()
-            self._bulk_at = clock()
-            self._turns.call_soon(self._bulk_hop)  # two hops: behind
+            self.transport.pause_reading()
+            self._turns.call_soon(self._turn_after, self._next_turn)  # two hops: behind
             return
         began = clock()
         self._turn_end = began + TURN_S - self._spent
@@ -397,18 +384,10 @@ class Connection(asyncio.Protocol):
         spending its flood budgets, or most of what it sent lately was dropped (DATA of
         calls that had ended: refused, reset, answered): others go first."""
         assert self._turns is not None
-        if dropping or self._spending():
+        if dropping or self._control.spending() or self._resets.spending():
             self._turns.call_later(_SPENDING_WAIT_S, callback)
         else:
             self._turns.call_soon(callback)
-
-    def _spending(self) -> bool:
-        return self._control.spending() or self._resets.spending()
-
-    def _bulk_hop(self) -> None:
-        """An upload's read, one hop of the ready queue later: how long the loop took."""
-        self._busy = clock() - self._bulk_at > _BUSY_HOP_S
-        self._turn_after(self._next_turn)
 
     def _next_turn(self) -> None:
         backlog, self._backlog = self._backlog, None
@@ -419,9 +398,9 @@ class Connection(asyncio.Protocol):
         size, pos = 0, self._backlog_at
         self.sender.cork()  # what the frames are answered with goes out in one write
         try:
-            for i, read in enumerate(backlog):  # each read where it is: no join
-                if i and clock() >= self._turn_end:  # the turn ended with a read
-                    self._leave(backlog[i:], 0)
+            for i, read in enumerate(backlog):  # more came before reading paused:
+                if i and clock() >= self._turn_end:  # each read where it is (no join)
+                    self._leave(backlog[i:], 0)  # the turn ended with a read
                     break
                 self._take(read, pos)
                 size += len(read) - pos
@@ -435,11 +414,8 @@ class Connection(asyncio.Protocol):
             self.sender.uncork()
         self.frames_handled()
         if self._backlog is None and self.transport is not None and not self._dead:
-            dropping = 2 * self._dropped > size
-            if self._busy and not dropping and not self._spending():  # others' work comes between
-                self._resume()
-            else:  # not at once: the loop's poll comes between
-                self._turn_after(self._resume, dropping)
+            # not at once: the loop's poll comes between
+            self._turn_after(self._resume, 2 * self._dropped > size)
 
     def _keep(self, rest: bytes, needed: int) -> None:
         self._partial = [rest]
