@@ -1,6 +1,6 @@
 """Fuzz targets of the gRPC edge and of the server<->worker codec, shared by the suite's
 bounded runs (``tests/server/.../test_*_fuzz.py``) and the long runs of
-``tools/fuzz_grpc.py``.
+``tools/fuzz.py grpc``.
 
 Each target is a check of one input and the strategy that makes its inputs: arbitrary
 bytes, and valid messages mutated (bytes flipped, inserted, deleted, cut off). What each

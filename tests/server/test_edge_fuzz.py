@@ -1,6 +1,7 @@
 """The gRPC edge's and the server<->worker codec's decoders under hypothesis
 (``tests/grpc_fuzz.py`` says what each target checks): a bounded, reproducible run of each
-(derandomized, no example database); ``tools/fuzz_grpc.py`` runs them longer."""
+(derandomized, no example database); ``tools/fuzz.py grpc`` runs them longer, with random
+seeds (``fuzzing.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
+from fuzzing import fuzz_settings
 from grpc_fuzz import TARGETS
 
 EXAMPLES = {  # 4-8 s each
@@ -35,10 +37,7 @@ def allocations(request: pytest.FixtureRequest) -> Iterator[None]:
 def test_target(name: str, allocations: None) -> None:
     strategy, check = TARGETS[name]
 
-    @settings(
-        max_examples=EXAMPLES[name], derandomize=True, database=None, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )  # fmt: skip
+    @fuzz_settings(EXAMPLES[name])
     @given(strategy)
     def run(case: Any) -> None:
         check(case)

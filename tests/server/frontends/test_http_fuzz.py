@@ -6,28 +6,25 @@ ragged, datatypes, binary_data_size, Inference-Header-Content-Length) and arbitr
 each is decoded, or refused with a 4xx and a message (501 for what is not implemented); no
 other exception, never a 500.
 
-``DLSERVE_FUZZ_EXAMPLES`` sets the examples per test (``tools/fuzz_http.py``)."""
+The suite runs a fixed, derandomized few; ``tools/fuzz.py http`` runs them longer, with
+random seeds (``fuzzing.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import zlib
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from dlserve import errors
 from dlserve.server.frontends.http import bodies, convert
 from dlserve.server.frontends.http.status_codes import error_reply
+from fuzzing import fuzz_settings
 
-EXAMPLES = int(os.environ.get("DLSERVE_FUZZ_EXAMPLES", "600"))
-FUZZ = settings(
-    max_examples=EXAMPLES, derandomize="DLSERVE_FUZZ_EXAMPLES" not in os.environ,
-    database=None, deadline=None, suppress_health_check=list(HealthCheck),
-)  # fmt: skip
+FUZZ = fuzz_settings(600, suppress=HealthCheck)
 DATATYPES = ["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "UINT64", "FP16", "BF16",
              "FP32", "FP64", "BYTES", "FP8", ""]  # fmt: skip
 

@@ -9,15 +9,14 @@ what the same frames do one read each. The decoder, given any bytes, returns a h
 list within its limit or raises one of its two errors.
 
 A bounded number of examples, derandomized, here; ``tools/fuzz.py h2 --examples N`` runs
-the same properties longer (``DLSERVE_FUZZ_EXAMPLES``)."""
+the same properties longer, with random seeds (``fuzzing.py``)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from h2_wire import Wire, opening, request_head
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dlserve.server.transport.h2 import hpack_codec
@@ -36,13 +35,9 @@ from dlserve.server.transport.h2.frames import (
     frame,
 )
 from dlserve.server.transport.h2.limits import Limits
+from fuzzing import fuzz_settings
 
-EXAMPLES = int(os.environ.get("DLSERVE_FUZZ_EXAMPLES", "3000"))
-FUZZ = settings(
-    max_examples=EXAMPLES, derandomize="DLSERVE_FUZZ_RANDOM" not in os.environ,
-    database=None, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)  # fmt: skip
+FUZZ = fuzz_settings(3000)
 LIMITS = Limits(max_concurrent_streams=8, max_header_list_size=4096)
 ERROR_CODES = range(0x0, 0xE)
 

@@ -5,29 +5,25 @@ arrives, nothing escapes ``data_received`` or the exchanges' tasks, every answer
 status line of a success or a 4xx (never a 5xx: the app never fails), and what the
 connection holds stays bounded by what it was sent.
 
-``DLSERVE_FUZZ_EXAMPLES`` sets the examples per test (``tools/fuzz_http.py`` runs them
-longer, with random seeds); the suite runs a fixed, derandomized few."""
+The suite runs a fixed, derandomized few; ``tools/fuzz.py http1`` runs them longer, with
+random seeds (``fuzzing.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from test_http1_connection import Receive, Send, Transport
 
 from dlserve.server.transport.http1.connection import Connection
 from dlserve.server.transport.http1.exchange import HIGH_WATER
 from dlserve.server.transport.http1.listener import HttpServer
+from fuzzing import fuzz_settings
 
-EXAMPLES = int(os.environ.get("DLSERVE_FUZZ_EXAMPLES", "2000"))
-FUZZ = settings(
-    max_examples=EXAMPLES, derandomize="DLSERVE_FUZZ_EXAMPLES" not in os.environ,
-    database=None, deadline=None, suppress_health_check=list(HealthCheck),
-)  # fmt: skip
+FUZZ = fuzz_settings(2000, suppress=HealthCheck)
 _STATUS = re.compile(rb"HTTP/1\.1 (\d{3}) ")
 
 
