@@ -398,9 +398,9 @@ class Connection(asyncio.Protocol):
         size, pos = 0, self._backlog_at
         self.sender.cork()  # what the frames are answered with goes out in one write
         try:
-            for i, read in enumerate(backlog):  # more came before reading paused:
-                if i and clock() >= self._turn_end:  # each read where it is (no join)
-                    self._leave(backlog[i:], 0)  # the turn ended with a read
+            for i, read in enumerate(backlog):  # more came before reading paused: each
+                if i and clock() >= self._turn_end:  # read where it came, none joined
+                    self._leave(backlog[i:], 0)  # the turn ended with the read before
                     break
                 self._take(read, pos)
                 size += len(read) - pos
