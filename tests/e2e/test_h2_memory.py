@@ -94,8 +94,11 @@ def test_a_stream_that_sends_past_its_window_and_never_reads_leaves_nothing(
         after.append(_settles(server, baseline + RSS_SLACK))
     seen = [rss / MIB for rss in (baseline, *after)]
     assert max(after) <= baseline + RSS_SLACK, seen
-    # Flat once warm (the first call makes the allocator's pools): the last repetition holds
-    # at most 10% more than the largest of the warm ones before it (a leak grows with every
-    # call). Fewer samples are no reference: the allocator gives memory back at times of its
-    # own (once 83 MiB, then 97-98 MiB; once 85 MiB twice, then 101).
-    assert after[-1] <= max(after[1:-1]) * 1.1, seen
+    # Flat once warm (the first call makes the allocator's pools): after the last repetition
+    # the server comes back within 10% of the largest of the warm ones before it (a leak
+    # grows with every call and never comes back). Each sample is the first under the bound,
+    # taken while the allocator may still be giving memory back at times of its own (once
+    # 83 MiB, then 97-98; once 85 twice, then 101; once 86-87 three times, then 100), so the
+    # last one alone is no reference.
+    warm = max(after[1:-1]) * 1.1
+    assert _settles(server, warm) <= warm, seen
