@@ -66,7 +66,8 @@ def background(binary: Path, case: pa.Case, server: _triton.RunningServer) -> It
         report = Path(scratch) / "background.csv"
         command = pa.command_for(binary, case, server, BACKGROUND_WINDOW_MS, 999, report)
         process = subprocess.Popen(command, env=_perf_analyzer.environment(),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   start_new_session=True)  # fmt: skip
         try:
             before, deadline = executed(server, case.model), time.monotonic() + STARTED_TIMEOUT_S
             while executed(server, case.model) < before + 4 * case.clients:
@@ -76,12 +77,7 @@ def background(binary: Path, case: pa.Case, server: _triton.RunningServer) -> It
                 time.sleep(0.05)
             yield
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _triton.stop_process(process, timeout_s=10.0)  # a group of its own: its session
 
 
 def run(args: argparse.Namespace) -> list[pa.Result]:
