@@ -82,6 +82,7 @@ def _flood(unit: Callable[[int], bytes], count: int, limits: Limits = Limits()) 
     return wire
 
 
+@pytest.mark.usefixtures("still_budgets")
 def test_a_rapid_reset_flood_gets_enhance_your_calm() -> None:
     limits = Limits(max_resets_per_s=200)  # 40 at once: a fifth of a second's worth
 
@@ -93,6 +94,7 @@ def test_a_rapid_reset_flood_gets_enhance_your_calm() -> None:
     assert _goaway(_flood(reset, 50, limits))[0] == ENHANCE_YOUR_CALM
 
 
+@pytest.mark.usefixtures("still_budgets")
 def test_settings_and_ping_floods_get_enhance_your_calm() -> None:
     limits = Limits(max_control_frames_per_s=100, max_ping_strikes=0)
     assert _goaway(_flood(lambda n: frame(SETTINGS, 0, 0), 200, limits))[0] == ENHANCE_YOUR_CALM
@@ -100,6 +102,7 @@ def test_settings_and_ping_floods_get_enhance_your_calm() -> None:
     assert _goaway(_flood(lambda n: ping, 200, limits))[0] == ENHANCE_YOUR_CALM
 
 
+@pytest.mark.usefixtures("still_budgets")
 def test_a_stream_of_empty_continuations_gets_enhance_your_calm() -> None:
     connection, wire = _connected(Limits(max_control_frames_per_s=100))
     empty = frame(CONTINUATION, 0, 1, b"")
@@ -107,6 +110,7 @@ def test_a_stream_of_empty_continuations_gets_enhance_your_calm() -> None:
     assert _goaway(wire)[0] == ENHANCE_YOUR_CALM
 
 
+@pytest.mark.usefixtures("still_budgets")
 def test_data_sent_before_the_client_heard_the_stream_end_is_no_flood() -> None:
     """DATA on a stream the server ended (its response sent, or RST_STREAM) before the
     client ended it is dropped; up to the rest of the stream's window it is what the client
