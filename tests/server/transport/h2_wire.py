@@ -4,9 +4,12 @@ frames (each ``write``/``writelines`` call kept as one batch)."""
 
 from __future__ import annotations
 
+import types
 from typing import Any, NamedTuple
 
-from dlserve.server.transport.h2 import hpack_codec
+import pytest
+
+from dlserve.server.transport.h2 import hpack_codec, limits
 from dlserve.server.transport.h2.frames import (
     DATA,
     END_HEADERS,
@@ -18,6 +21,12 @@ from dlserve.server.transport.h2.frames import (
     WINDOW_UPDATE,
     frame,
 )
+
+
+def still_budgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flood budgets' clock stands still for the test: one that counts frames against a
+    budget gets the same count however slowly the machine runs it (no token comes back)."""
+    monkeypatch.setattr(limits, "time", types.SimpleNamespace(monotonic=lambda: 0.0))
 
 
 class Frame(NamedTuple):

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from h2_wire import Frame, Wire, data, headers, opening, request_head
+from h2_wire import Frame, Wire, data, headers, opening, request_head, still_budgets
 
 from dlserve.server.transport.h2 import hpack_codec
 from dlserve.server.transport.h2.connection import Connection
@@ -377,11 +377,13 @@ def test_a_run_past_the_streams_content_length_is_reset_at_its_frame() -> None:
 
 
 @pytest.mark.parametrize("received", [0, STREAM_WINDOW - 40 * FULL])
-@pytest.mark.usefixtures("still_budgets")  # the two runs compared take different times
-def test_a_run_on_a_stream_the_server_ended_is_dropped_as_its_frames_are(received: int) -> None:
+def test_a_run_on_a_stream_the_server_ended_is_dropped_as_its_frames_are(
+    received: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DATA the client had on its way when the server reset its stream is dropped, free
     within the window the client had; past it each frame spends the control budget, and a
     run of them ends in ENHANCE_YOUR_CALM after as many frames as one by one."""
+    still_budgets(monkeypatch)
     limits = Limits(max_frame_size=MAX_FRAME, max_control_frames_per_s=100)  # 20 at once
     before = headers(1, request_head()) + (data(1, bytes(received)) if received else b"")
     frames = data(1, b"z" * FULL) * 80

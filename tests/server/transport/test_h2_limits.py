@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from h2_wire import Frame, Wire, data, headers, opening, request_head
+from h2_wire import Frame, Wire, data, headers, opening, request_head, still_budgets
 from test_h2_connection import Recorder
 
 from dlserve.server.transport.h2.frames import (
@@ -82,8 +82,8 @@ def _flood(unit: Callable[[int], bytes], count: int, limits: Limits = Limits()) 
     return wire
 
 
-@pytest.mark.usefixtures("still_budgets")
-def test_a_rapid_reset_flood_gets_enhance_your_calm() -> None:
+def test_a_rapid_reset_flood_gets_enhance_your_calm(monkeypatch: pytest.MonkeyPatch) -> None:
+    still_budgets(monkeypatch)
     limits = Limits(max_resets_per_s=200)  # 40 at once: a fifth of a second's worth
 
     def reset(n: int) -> bytes:
@@ -94,28 +94,32 @@ def test_a_rapid_reset_flood_gets_enhance_your_calm() -> None:
     assert _goaway(_flood(reset, 50, limits))[0] == ENHANCE_YOUR_CALM
 
 
-@pytest.mark.usefixtures("still_budgets")
-def test_settings_and_ping_floods_get_enhance_your_calm() -> None:
+def test_settings_and_ping_floods_get_enhance_your_calm(monkeypatch: pytest.MonkeyPatch) -> None:
+    still_budgets(monkeypatch)
     limits = Limits(max_control_frames_per_s=100, max_ping_strikes=0)
     assert _goaway(_flood(lambda n: frame(SETTINGS, 0, 0), 200, limits))[0] == ENHANCE_YOUR_CALM
     ping = frame(PING, 0, 0, bytes(8))
     assert _goaway(_flood(lambda n: ping, 200, limits))[0] == ENHANCE_YOUR_CALM
 
 
-@pytest.mark.usefixtures("still_budgets")
-def test_a_stream_of_empty_continuations_gets_enhance_your_calm() -> None:
+def test_a_stream_of_empty_continuations_gets_enhance_your_calm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    still_budgets(monkeypatch)
     connection, wire = _connected(Limits(max_control_frames_per_s=100))
     empty = frame(CONTINUATION, 0, 1, b"")
     connection.data_received(frame(HEADERS, 0, 1, request_head()) + empty * 200)
     assert _goaway(wire)[0] == ENHANCE_YOUR_CALM
 
 
-@pytest.mark.usefixtures("still_budgets")
-def test_data_sent_before_the_client_heard_the_stream_end_is_no_flood() -> None:
+def test_data_sent_before_the_client_heard_the_stream_end_is_no_flood(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """DATA on a stream the server ended (its response sent, or RST_STREAM) before the
     client ended it is dropped; up to the rest of the stream's window it is what the client
     may have sent before the end reached it, and free; past that, and empty, each frame is
     a control frame, and a flood of them gets ENHANCE_YOUR_CALM."""
+    still_budgets(monkeypatch)
     limits = Limits(max_control_frames_per_s=100)  # 20 at once
     piece = bytes(16384)
     rest = (STREAM_WINDOW - len(piece)) // len(piece)
